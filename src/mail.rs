@@ -1,0 +1,79 @@
+//! The names, headers and numbers of the retries-and-dead-letters design.
+//!
+//! Everything that producers, the worker, the topology and the operator agree on is
+//! defined here once; other modules refer to these constants instead of spelling the
+//! strings again.
+
+/// The direct exchange that producers publish mail requests to.
+pub const EXCHANGE: &str = "mail";
+/// The quorum queue the worker consumes; also the routing key of every request.
+pub const SEND_QUEUE: &str = "mail.send";
+/// The routing key of a mail request, on every exchange of the pipeline.
+pub const SEND_KEY: &str = "mail.send";
+/// The direct exchange a request that failed for now is parked through.
+pub const RETRY_EXCHANGE: &str = "mail.retry";
+/// The delay queue: holds a parked request for the retry delay, then dead-letters it
+/// back to [`EXCHANGE`] with [`SEND_KEY`].
+pub const RETRY_QUEUE: &str = "mail.send.retry";
+/// The fanout exchange that requests which never will succeed are published to.
+pub const DEAD_EXCHANGE: &str = "mail.dead";
+/// The queue bound to [`DEAD_EXCHANGE`] that keeps dead letters for people to inspect.
+pub const DEAD_QUEUE: &str = "mail.send.dead";
+
+/// The attempt a delivery is on; absent means the first attempt.
+pub const ATTEMPT_HEADER: &str = "x-mail-attempt";
+/// Why a request was dead-lettered: one of [`DeadReason`].
+pub const DEAD_REASON_HEADER: &str = "x-mail-dead-reason";
+/// How many attempts a dead letter had (0 when its attempt header was malformed).
+pub const DEAD_ATTEMPTS_HEADER: &str = "x-mail-dead-attempts";
+/// The error of a dead letter's last attempt.
+pub const DEAD_ERROR_HEADER: &str = "x-mail-dead-error";
+/// Every header the mailer sets starts with this; a request's copies are stripped
+/// before ours are set.
+pub const MAIL_HEADER_PREFIX: &str = "x-mail-";
+
+/// The largest `x-mail-dead-error` value, in bytes, so a header frame never overflows.
+pub const MAX_DEAD_ERROR_BYTES: usize = 4096;
+
+/// Attempts before a request that keeps failing for now is given up.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+/// Deliveries of one request from `mail.send` before the broker dead-letters it.
+pub const DEFAULT_DELIVERY_LIMIT: u32 = 5;
+/// How long a parked request waits in the delay queue.
+pub const DEFAULT_RETRY_DELAY: &str = "5m";
+/// Unacknowledged deliveries a worker holds, and so processes, at once.
+pub const DEFAULT_PREFETCH: u16 = 16;
+
+/// The content type of a mail request.
+pub const REQUEST_CONTENT_TYPE: &str = "application/json";
+/// The largest request body accepted.
+pub const MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024;
+
+/// Why a request was dead-lettered: the value of [`DEAD_REASON_HEADER`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DeadReason {
+    /// The request, or its attempt header, could not be understood.
+    Malformed,
+    /// It failed for now on every one of its attempts.
+    GaveUp,
+    /// The provider refused it for good (an SMTP 5xx): retrying only delays the bad news.
+    Rejected,
+}
+
+impl DeadReason {
+    pub const ALL: [DeadReason; 3] = [Self::Malformed, Self::GaveUp, Self::Rejected];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Malformed => "malformed",
+            Self::GaveUp => "gave-up",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
+impl std::fmt::Display for DeadReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

@@ -1,0 +1,513 @@
+//! The `MailerPipeline` resource: what a user asks for.
+//!
+//! The same types are read by the standalone CLI from YAML files and by the operator as
+//! the `mailer.dev/v1alpha1` custom resource, so their doc comments are the text that
+//! `kubectl explain mailerpipeline.spec` shows.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::mail;
+
+/// The longest name RabbitMQ accepts for an exchange or a queue, in bytes.
+const MAX_NAME_BYTES: usize = 255;
+/// The largest `message-ttl` RabbitMQ accepts, in milliseconds (2^32 - 1).
+const MAX_TTL_MS: u128 = u32::MAX as u128;
+
+/// A mail-sending pipeline on RabbitMQ: its exchanges, quorum queues and policies, and
+/// the workers that consume mail requests and send them.
+#[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema, Default)]
+#[kube(
+    group = "mailer.dev",
+    version = "v1alpha1",
+    kind = "MailerPipeline",
+    namespaced,
+    doc = "A mail-sending pipeline on RabbitMQ: exchanges, quorum queues, policies and the workers that send mail."
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MailerPipelineSpec {
+    /// Which RabbitMQ to use and how to reach it.
+    #[serde(default)]
+    pub rabbitmq: RabbitmqSpec,
+    /// The exchanges, queues and policies of the pipeline. Every field has a default
+    /// that matches the mailer's design.
+    #[serde(default)]
+    pub topology: TopologySpec,
+    /// The workers that consume mail requests and send them.
+    #[serde(default)]
+    pub worker: WorkerSpec,
+}
+
+/// Which RabbitMQ to use and how to reach it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RabbitmqSpec {
+    /// The virtual host that holds the pipeline. It is created when it does not exist.
+    #[serde(default = "default_vhost")]
+    pub vhost: String,
+    /// A Secret in the pipeline's namespace with the keys `uri` (the management API URL,
+    /// e.g. `http://rabbitmq:15672`), `username` and `password`: the convention of
+    /// RabbitMQ's messaging-topology-operator. Set this or `clusterRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_secret: Option<SecretReference>,
+    /// A RabbitmqCluster of RabbitMQ's cluster-operator; its default user and Service are
+    /// used. Set this or `connectionSecret`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_ref: Option<ClusterReference>,
+}
+
+impl Default for RabbitmqSpec {
+    fn default() -> Self {
+        Self {
+            vhost: default_vhost(),
+            connection_secret: None,
+            cluster_ref: None,
+        }
+    }
+}
+
+/// A Secret in the same namespace as the pipeline.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretReference {
+    /// The Secret's name.
+    pub name: String,
+}
+
+/// A RabbitmqCluster resource (rabbitmq.com/v1beta1).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterReference {
+    /// The RabbitmqCluster's name.
+    pub name: String,
+    /// Its namespace; the pipeline's own when empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// The exchanges, queues and policies of the pipeline.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TopologySpec {
+    /// The direct exchange producers publish mail requests to.
+    #[serde(default = "default_exchange")]
+    pub exchange: String,
+    /// The quorum queue the workers consume. Its name is also the routing key of every
+    /// mail request.
+    #[serde(default = "default_queue")]
+    pub queue: String,
+    /// The direct exchange that requests which failed for now are parked through.
+    #[serde(default = "default_retry_exchange")]
+    pub retry_exchange: String,
+    /// The delay queue: it holds a parked request for `retryDelay`, then sends it back to
+    /// `exchange`.
+    #[serde(default = "default_retry_queue")]
+    pub retry_queue: String,
+    /// The fanout exchange that requests which never will succeed are published to. Bind
+    /// your own queues to it to be told of dead letters.
+    #[serde(default = "default_dead_exchange")]
+    pub dead_exchange: String,
+    /// The quorum queue that keeps dead letters.
+    #[serde(default = "default_dead_queue")]
+    pub dead_queue: String,
+    /// How long a request that failed for now waits before its next attempt, e.g. `30s`,
+    /// `5m` or `1h30m`. At least 1s and below 49 days (RabbitMQ's limit). Every attempt
+    /// waits the same delay, since a quorum queue expires messages only from its head.
+    #[serde(default = "default_retry_delay")]
+    pub retry_delay: String,
+    /// Deliveries of one request from `queue` before RabbitMQ dead-letters it to
+    /// `deadExchange`; catches a request that makes the worker fail every time.
+    #[serde(default = "default_delivery_limit")]
+    #[schemars(range(min = 1))]
+    pub delivery_limit: u32,
+    /// The most requests the delay queue holds; when full it refuses new ones (so the
+    /// worker stops instead of losing mail). Unlimited when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub retry_queue_max_length: Option<u64>,
+    /// The most dead letters the dead-letter queue holds; when full it refuses new ones.
+    /// Unlimited when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub dead_queue_max_length: Option<u64>,
+    /// What deleting the pipeline does to RabbitMQ: `Retain` (the default) removes
+    /// nothing; `Delete` removes the policies, bindings and exchanges, and each queue
+    /// that holds no messages.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+}
+
+impl Default for TopologySpec {
+    fn default() -> Self {
+        Self {
+            exchange: default_exchange(),
+            queue: default_queue(),
+            retry_exchange: default_retry_exchange(),
+            retry_queue: default_retry_queue(),
+            dead_exchange: default_dead_exchange(),
+            dead_queue: default_dead_queue(),
+            retry_delay: default_retry_delay(),
+            delivery_limit: default_delivery_limit(),
+            retry_queue_max_length: None,
+            dead_queue_max_length: None,
+            deletion_policy: DeletionPolicy::default(),
+        }
+    }
+}
+
+/// What deleting a pipeline does to its RabbitMQ objects.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default, JsonSchema)]
+pub enum DeletionPolicy {
+    /// Leave every exchange, queue, binding and policy in place.
+    #[default]
+    Retain,
+    /// Remove policies, bindings and exchanges, and each queue that holds no messages.
+    Delete,
+}
+
+/// The workers that consume mail requests and send them.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkerSpec {
+    /// How many worker pods run.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 0))]
+    pub replicas: i32,
+    /// Attempts before a request that keeps failing for now is dead-lettered as
+    /// `gave-up`.
+    #[serde(default = "default_max_attempts")]
+    #[schemars(range(min = 1))]
+    pub max_attempts: u32,
+    /// Unacknowledged deliveries each worker holds, and so sends, at once.
+    #[serde(default = "default_prefetch")]
+    #[schemars(range(min = 1))]
+    pub prefetch: u16,
+    /// Where mail goes: a key of a Secret that holds the provider URL, e.g.
+    /// `smtp://user:pass@smtp.example.com:587?tls=required`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderSpec>,
+}
+
+impl Default for WorkerSpec {
+    fn default() -> Self {
+        Self {
+            replicas: default_replicas(),
+            max_attempts: default_max_attempts(),
+            prefetch: default_prefetch(),
+            provider: None,
+        }
+    }
+}
+
+/// Where the workers send mail.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProviderSpec {
+    /// The Secret key that holds the provider URL (`smtp://`, `smtps://`, `file://` or
+    /// `discard://`).
+    pub url_secret_key_ref: SecretKeySelector,
+}
+
+/// One key of a Secret in the pipeline's namespace.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretKeySelector {
+    /// The Secret's name.
+    pub name: String,
+    /// The key within the Secret.
+    pub key: String,
+}
+
+fn default_vhost() -> String {
+    "/".into()
+}
+fn default_exchange() -> String {
+    mail::EXCHANGE.into()
+}
+fn default_queue() -> String {
+    mail::SEND_QUEUE.into()
+}
+fn default_retry_exchange() -> String {
+    mail::RETRY_EXCHANGE.into()
+}
+fn default_retry_queue() -> String {
+    mail::RETRY_QUEUE.into()
+}
+fn default_dead_exchange() -> String {
+    mail::DEAD_EXCHANGE.into()
+}
+fn default_dead_queue() -> String {
+    mail::DEAD_QUEUE.into()
+}
+fn default_retry_delay() -> String {
+    mail::DEFAULT_RETRY_DELAY.into()
+}
+fn default_delivery_limit() -> u32 {
+    mail::DEFAULT_DELIVERY_LIMIT
+}
+fn default_replicas() -> i32 {
+    1
+}
+fn default_max_attempts() -> u32 {
+    mail::DEFAULT_MAX_ATTEMPTS
+}
+fn default_prefetch() -> u16 {
+    mail::DEFAULT_PREFETCH
+}
+
+/// One thing wrong with a spec: the field's path and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct FieldError {
+    pub field: String,
+    pub problem: String,
+}
+
+/// Everything wrong with a spec, reported together so a user fixes it in one go.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid MailerPipeline: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct InvalidSpec(pub Vec<FieldError>);
+
+impl TopologySpec {
+    /// The retry delay as a duration. Call [`MailerPipelineSpec::validate`] first for an
+    /// error that names the field.
+    pub fn retry_delay(&self) -> Result<Duration, String> {
+        parse_retry_delay(&self.retry_delay)
+    }
+
+    /// The six names with the field each comes from, in a fixed order.
+    pub fn names(&self) -> [(&'static str, &str); 6] {
+        [
+            ("exchange", &self.exchange),
+            ("queue", &self.queue),
+            ("retryExchange", &self.retry_exchange),
+            ("retryQueue", &self.retry_queue),
+            ("deadExchange", &self.dead_exchange),
+            ("deadQueue", &self.dead_queue),
+        ]
+    }
+}
+
+fn parse_retry_delay(text: &str) -> Result<Duration, String> {
+    let delay = humantime::parse_duration(text.trim())
+        .map_err(|e| format!("{text:?} is not a duration ({e}); write it like 30s, 5m or 1h30m"))?;
+    if delay < Duration::from_secs(1) {
+        return Err(format!("{text:?} is shorter than the least delay, 1s"));
+    }
+    if delay.as_millis() >= MAX_TTL_MS {
+        return Err(format!(
+            "{text:?} is too long: RabbitMQ's message-ttl must be below {MAX_TTL_MS} ms (about 49 days)"
+        ));
+    }
+    Ok(delay)
+}
+
+impl MailerPipelineSpec {
+    /// Checks what the schema cannot: durations, names and their collisions, ranges.
+    pub fn validate(&self) -> Result<(), InvalidSpec> {
+        let mut errors = Vec::new();
+        let mut problem = |field: &str, problem: String| {
+            errors.push(FieldError {
+                field: format!("spec.{field}"),
+                problem,
+            })
+        };
+
+        if self.rabbitmq.vhost.is_empty() {
+            problem(
+                "rabbitmq.vhost",
+                "must not be empty (the default vhost is \"/\")".into(),
+            );
+        }
+        if self.rabbitmq.connection_secret.is_some() && self.rabbitmq.cluster_ref.is_some() {
+            problem(
+                "rabbitmq",
+                "set connectionSecret or clusterRef, not both".into(),
+            );
+        }
+
+        let topology = &self.topology;
+        let mut seen = BTreeSet::new();
+        for (field, name) in topology.names() {
+            let field = format!("topology.{field}");
+            if name.is_empty() {
+                problem(&field, "must not be empty".into());
+            } else if name.len() > MAX_NAME_BYTES {
+                problem(
+                    &field,
+                    format!(
+                        "is {} bytes long; RabbitMQ allows at most {MAX_NAME_BYTES}",
+                        name.len()
+                    ),
+                );
+            } else if name.starts_with("amq.") {
+                problem(
+                    &field,
+                    format!("{name:?} starts with \"amq.\", which RabbitMQ reserves"),
+                );
+            } else if !seen.insert(name) {
+                problem(
+                    &field,
+                    format!(
+                        "{name:?} is also the name of another exchange or queue of this pipeline; every name must be distinct"
+                    ),
+                );
+            }
+        }
+        if let Err(e) = topology.retry_delay() {
+            problem("topology.retryDelay", e);
+        }
+        if topology.delivery_limit == 0 {
+            problem("topology.deliveryLimit", "must be at least 1".into());
+        }
+        if topology.retry_queue_max_length == Some(0) {
+            problem(
+                "topology.retryQueueMaxLength",
+                "must be at least 1 (leave it out for no limit)".into(),
+            );
+        }
+        if topology.dead_queue_max_length == Some(0) {
+            problem(
+                "topology.deadQueueMaxLength",
+                "must be at least 1 (leave it out for no limit)".into(),
+            );
+        }
+
+        let worker = &self.worker;
+        if worker.replicas < 0 {
+            problem("worker.replicas", "must not be negative".into());
+        }
+        if worker.max_attempts == 0 {
+            problem("worker.maxAttempts", "must be at least 1".into());
+        }
+        if worker.prefetch == 0 {
+            problem("worker.prefetch", "must be at least 1".into());
+        }
+
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(InvalidSpec(errors))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> MailerPipelineSpec {
+        serde_yaml::from_str(yaml).expect("spec parses")
+    }
+
+    fn problems(yaml: &str) -> Vec<String> {
+        match spec(yaml).validate() {
+            Ok(()) => vec![],
+            Err(InvalidSpec(errors)) => errors.into_iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_spec_that_names_only_its_vhost_gets_the_designs_defaults() {
+        let s = spec("rabbitmq: {vhost: shop}");
+        assert_eq!(s.rabbitmq.vhost, "shop");
+        assert_eq!(s.topology, TopologySpec::default());
+        assert_eq!(s.topology.exchange, "mail");
+        assert_eq!(s.topology.queue, "mail.send");
+        assert_eq!(s.topology.retry_exchange, "mail.retry");
+        assert_eq!(s.topology.retry_queue, "mail.send.retry");
+        assert_eq!(s.topology.dead_exchange, "mail.dead");
+        assert_eq!(s.topology.dead_queue, "mail.send.dead");
+        assert_eq!(s.topology.retry_delay().unwrap(), Duration::from_secs(300));
+        assert_eq!(s.topology.delivery_limit, 5);
+        assert_eq!(s.topology.deletion_policy, DeletionPolicy::Retain);
+        assert_eq!(s.worker.max_attempts, 5);
+        assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn an_empty_spec_is_valid() {
+        assert_eq!(spec("{}").rabbitmq.vhost, "/");
+        assert!(problems("{}").is_empty());
+    }
+
+    #[test]
+    fn retry_delays_in_the_usual_forms_parse() {
+        for (text, secs) in [
+            ("5m", 300),
+            ("300s", 300),
+            ("1h30m", 5400),
+            ("1h 30m", 5400),
+            ("1s", 1),
+        ] {
+            assert_eq!(
+                parse_retry_delay(text),
+                Ok(Duration::from_secs(secs)),
+                "{text}"
+            );
+        }
+        assert_eq!(parse_retry_delay("1500ms"), Ok(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn bad_retry_delays_are_named() {
+        for text in ["-5m", "banana", "", "500ms", "0s", "50d"] {
+            let found = problems(&format!("topology: {{retryDelay: {text:?}}}"));
+            assert_eq!(found.len(), 1, "{text}: {found:?}");
+            assert!(
+                found[0].starts_with("spec.topology.retryDelay: "),
+                "{found:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn zero_limits_are_refused_by_field() {
+        let found = problems(
+            "topology: {deliveryLimit: 0, retryQueueMaxLength: 0}\nworker: {maxAttempts: 0, prefetch: 0}",
+        );
+        let fields: Vec<&str> = found.iter().map(|p| p.split(':').next().unwrap()).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.topology.deliveryLimit",
+                "spec.topology.retryQueueMaxLength",
+                "spec.worker.maxAttempts",
+                "spec.worker.prefetch"
+            ]
+        );
+    }
+
+    #[test]
+    fn names_must_be_present_short_unreserved_and_distinct() {
+        let long = "q".repeat(256);
+        let found = problems(&format!(
+            "topology: {{exchange: '', queue: {long}, retryExchange: amq.direct, deadQueue: mail.dead}}"
+        ));
+        assert_eq!(found.len(), 4, "{found:?}");
+        assert!(found[0].starts_with("spec.topology.exchange: must not be empty"));
+        assert!(found[1].contains("256 bytes"));
+        assert!(found[2].contains("reserves"));
+        assert!(found[3].starts_with("spec.topology.deadQueue: \"mail.dead\" is also"));
+    }
+
+    #[test]
+    fn an_unknown_field_is_an_error_that_names_it() {
+        let err =
+            serde_yaml::from_str::<MailerPipelineSpec>("topology: {retryDelya: 5m}").unwrap_err();
+        assert!(err.to_string().contains("retryDelya"), "{err}");
+    }
+
+    #[test]
+    fn both_connection_kinds_at_once_are_refused() {
+        let found = problems("rabbitmq: {connectionSecret: {name: a}, clusterRef: {name: b}}");
+        assert_eq!(
+            found,
+            ["spec.rabbitmq: set connectionSecret or clusterRef, not both"]
+        );
+    }
+}
