@@ -3,5 +3,16 @@
 //! The core (`mail`, `spec`, `topology`, `worker`, `provider`) has no Kubernetes in it;
 //! `controller` is the kube-runtime glue around it.
 
+pub mod cli;
 pub mod mail;
+pub mod manifest;
+pub mod redact;
 pub mod spec;
+pub mod telemetry;
+pub mod topology;
+
+/// Makes ring the process's rustls crypto provider (the one TLS stack every client here
+/// shares); later calls do nothing.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,3 @@
+//! What the `mailer` subcommands do; `main.rs` only parses arguments.
+
+pub mod topology;

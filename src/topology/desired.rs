@@ -1,0 +1,297 @@
+//! The RabbitMQ objects a pipeline needs, as a pure function of its spec.
+//!
+//! Queues are declared with nothing but their type; everything that may change later
+//! (delay, delivery limit, dead-lettering, length limits) lives in policies, because a
+//! queue's arguments can never change once it is declared.
+
+use serde_json::{Map, Value, json};
+
+use crate::spec::{InvalidSpec, MailerPipelineSpec};
+
+/// Policies of ours win over catch-all policies of lower priority an operator may have.
+pub const POLICY_PRIORITY: i16 = 10;
+/// Policy names start with this, so a person can tell which policies the mailer owns.
+pub const POLICY_PREFIX: &str = "mailer.";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExchangeKind {
+    Direct,
+    Fanout,
+}
+
+impl ExchangeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Fanout => "fanout",
+        }
+    }
+}
+
+/// A durable exchange that is never deleted automatically.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exchange {
+    pub name: String,
+    pub kind: ExchangeKind,
+}
+
+/// A quorum queue, declared with `x-queue-type: quorum` and no other argument.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queue {
+    pub name: String,
+}
+
+/// A binding from an exchange to a queue.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Binding {
+    pub exchange: String,
+    pub queue: String,
+    pub routing_key: String,
+}
+
+/// A policy that applies to queues only and matches exactly one queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub name: String,
+    pub pattern: String,
+    pub definition: Map<String, Value>,
+}
+
+/// Everything a pipeline needs in one virtual host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Topology {
+    pub vhost: String,
+    pub exchanges: Vec<Exchange>,
+    pub queues: Vec<Queue>,
+    pub bindings: Vec<Binding>,
+    pub policies: Vec<Policy>,
+}
+
+impl Topology {
+    /// The topology a spec asks for. The spec is validated first, so a topology is
+    /// never built from names or numbers RabbitMQ would refuse.
+    pub fn desired(spec: &MailerPipelineSpec) -> Result<Self, InvalidSpec> {
+        spec.validate()?;
+        let t = &spec.topology;
+        let ttl_ms = t
+            .retry_delay()
+            .map_err(|problem| {
+                InvalidSpec(vec![crate::spec::FieldError {
+                    field: "spec.topology.retryDelay".into(),
+                    problem,
+                }])
+            })?
+            .as_millis() as u64;
+
+        let exchanges = vec![
+            Exchange {
+                name: t.exchange.clone(),
+                kind: ExchangeKind::Direct,
+            },
+            Exchange {
+                name: t.retry_exchange.clone(),
+                kind: ExchangeKind::Direct,
+            },
+            Exchange {
+                name: t.dead_exchange.clone(),
+                kind: ExchangeKind::Fanout,
+            },
+        ];
+        let queues = [&t.queue, &t.retry_queue, &t.dead_queue]
+            .into_iter()
+            .map(|name| Queue { name: name.clone() })
+            .collect();
+        // The send queue's name is the routing key of every request, so a request parked
+        // through the retry exchange comes back to it under the same key.
+        let bindings = vec![
+            Binding {
+                exchange: t.exchange.clone(),
+                queue: t.queue.clone(),
+                routing_key: t.queue.clone(),
+            },
+            Binding {
+                exchange: t.retry_exchange.clone(),
+                queue: t.retry_queue.clone(),
+                routing_key: t.queue.clone(),
+            },
+            Binding {
+                exchange: t.dead_exchange.clone(),
+                queue: t.dead_queue.clone(),
+                routing_key: String::new(),
+            },
+        ];
+
+        let mut retry = json!({
+            "message-ttl": ttl_ms,
+            "dead-letter-exchange": t.exchange,
+            "dead-letter-routing-key": t.queue,
+            "dead-letter-strategy": "at-least-once",
+            "overflow": "reject-publish",
+        });
+        if let Some(max) = t.retry_queue_max_length {
+            retry["max-length"] = json!(max);
+        }
+        let send = json!({
+            "delivery-limit": t.delivery_limit,
+            "dead-letter-exchange": t.dead_exchange,
+            "dead-letter-strategy": "at-least-once",
+            "overflow": "reject-publish",
+        });
+        let mut policies = vec![
+            policy_for(&t.queue, send),
+            policy_for(&t.retry_queue, retry),
+        ];
+        if let Some(max) = t.dead_queue_max_length {
+            policies.push(policy_for(
+                &t.dead_queue,
+                json!({"max-length": max, "overflow": "reject-publish"}),
+            ));
+        }
+
+        Ok(Self {
+            vhost: spec.rabbitmq.vhost.clone(),
+            exchanges,
+            queues,
+            bindings,
+            policies,
+        })
+    }
+}
+
+fn policy_for(queue: &str, definition: Value) -> Policy {
+    let Value::Object(definition) = definition else {
+        unreachable!("policy definitions are built as JSON objects")
+    };
+    Policy {
+        name: format!("{POLICY_PREFIX}{queue}"),
+        pattern: exact_pattern(queue),
+        definition,
+    }
+}
+
+/// A regular expression that matches exactly `name` and nothing else.
+pub fn exact_pattern(name: &str) -> String {
+    let mut pattern = String::with_capacity(name.len() + 8);
+    pattern.push('^');
+    for c in name.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push('$');
+    pattern
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topology(yaml: &str) -> Topology {
+        Topology::desired(&serde_yaml::from_str(yaml).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_default_topology_is_the_designs() {
+        let t = topology("rabbitmq: {vhost: shop}");
+        assert_eq!(t.vhost, "shop");
+        let exchanges: Vec<_> = t
+            .exchanges
+            .iter()
+            .map(|e| (e.name.as_str(), e.kind))
+            .collect();
+        assert_eq!(
+            exchanges,
+            [
+                ("mail", ExchangeKind::Direct),
+                ("mail.retry", ExchangeKind::Direct),
+                ("mail.dead", ExchangeKind::Fanout)
+            ]
+        );
+        let queues: Vec<_> = t.queues.iter().map(|q| q.name.as_str()).collect();
+        assert_eq!(queues, ["mail.send", "mail.send.retry", "mail.send.dead"]);
+        let bindings: Vec<_> = t
+            .bindings
+            .iter()
+            .map(|b| {
+                (
+                    b.exchange.as_str(),
+                    b.queue.as_str(),
+                    b.routing_key.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            bindings,
+            [
+                ("mail", "mail.send", "mail.send"),
+                ("mail.retry", "mail.send.retry", "mail.send"),
+                ("mail.dead", "mail.send.dead", "")
+            ]
+        );
+        assert_eq!(t.policies.len(), 2);
+        assert_eq!(t.policies[0].name, "mailer.mail.send");
+        assert_eq!(t.policies[0].pattern, r"^mail\.send$");
+        assert_eq!(
+            Value::Object(t.policies[0].definition.clone()),
+            json!({"delivery-limit": 5, "dead-letter-exchange": "mail.dead", "dead-letter-strategy": "at-least-once", "overflow": "reject-publish"})
+        );
+        assert_eq!(t.policies[1].name, "mailer.mail.send.retry");
+        assert_eq!(t.policies[1].pattern, r"^mail\.send\.retry$");
+        assert_eq!(
+            Value::Object(t.policies[1].definition.clone()),
+            json!({"message-ttl": 300000, "dead-letter-exchange": "mail", "dead-letter-routing-key": "mail.send", "dead-letter-strategy": "at-least-once", "overflow": "reject-publish"})
+        );
+    }
+
+    #[test]
+    fn other_names_give_the_same_shape() {
+        let t = topology(
+            "topology: {exchange: shop, queue: shop.out, retryExchange: shop.later, retryQueue: shop.wait, \
+             deadExchange: shop.dead, deadQueue: shop.graveyard, retryDelay: 1h30m, deliveryLimit: 7, \
+             retryQueueMaxLength: 1000, deadQueueMaxLength: 50}",
+        );
+        assert_eq!(
+            t.bindings[1],
+            Binding {
+                exchange: "shop.later".into(),
+                queue: "shop.wait".into(),
+                routing_key: "shop.out".into()
+            }
+        );
+        assert_eq!(t.policies[0].definition["delivery-limit"], json!(7));
+        assert_eq!(
+            t.policies[0].definition["dead-letter-exchange"],
+            json!("shop.dead")
+        );
+        assert_eq!(t.policies[1].definition["message-ttl"], json!(5_400_000));
+        assert_eq!(
+            t.policies[1].definition["dead-letter-exchange"],
+            json!("shop")
+        );
+        assert_eq!(
+            t.policies[1].definition["dead-letter-routing-key"],
+            json!("shop.out")
+        );
+        assert_eq!(t.policies[1].definition["max-length"], json!(1000));
+        assert_eq!(t.policies[2].pattern, r"^shop\.graveyard$");
+        assert_eq!(
+            Value::Object(t.policies[2].definition.clone()),
+            json!({"max-length": 50, "overflow": "reject-publish"})
+        );
+    }
+
+    #[test]
+    fn an_invalid_spec_gives_no_topology() {
+        let spec = serde_yaml::from_str("topology: {retryDelay: banana}").unwrap();
+        assert!(Topology::desired(&spec).is_err());
+    }
+
+    #[test]
+    fn patterns_escape_every_regex_metacharacter() {
+        assert_eq!(
+            exact_pattern("a.b*c+(d)|[e]{f}^$?\\"),
+            r"^a\.b\*c\+\(d\)\|\[e\]\{f\}\^\$\?\\$"
+        );
+    }
+}

@@ -1,0 +1,79 @@
+//! The RabbitMQ side of a pipeline: the desired objects as a pure function of the spec
+//! ([`desired`]), the comparison with what the broker has ([`diff`]), and applying or
+//! deleting through the management API ([`reconcile`]).
+
+pub mod desired;
+pub mod diff;
+pub mod live;
+pub mod management;
+pub mod reconcile;
+
+pub use desired::Topology;
+pub use diff::{Change, Conflict};
+pub use management::{Management, ManagementEndpoint, QueueDepth};
+pub use reconcile::{DeleteReport, apply, delete, plan};
+
+use crate::spec::InvalidSpec;
+
+/// Why the topology could not be read, applied or deleted.
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    #[error(transparent)]
+    InvalidSpec(#[from] InvalidSpec),
+    #[error("{0}")]
+    BadEndpoint(String),
+    #[error(
+        "cannot reach the RabbitMQ management API at {endpoint}: {reason}; check that the broker is running with the management plugin enabled (rabbitmq-plugins enable rabbitmq_management) and that the URL is right"
+    )]
+    Unreachable { endpoint: String, reason: String },
+    #[error(
+        "the RabbitMQ management API at {endpoint} refused user {user:?} (401 Unauthorized): check the user name and password"
+    )]
+    Unauthorized { endpoint: String, user: String },
+    #[error(
+        "user {user:?} may not {action} through the management API at {endpoint} (403 Forbidden): give it the administrator tag, or the policymaker tag and configure permissions on the vhost"
+    )]
+    Forbidden {
+        endpoint: String,
+        user: String,
+        action: String,
+    },
+    #[error("RabbitMQ refused to {action} ({status}): {reason}")]
+    Refused {
+        action: String,
+        status: u16,
+        reason: String,
+    },
+    #[error("vhost {vhost:?} already holds objects the pipeline cannot use, and nothing was changed: {}", .conflicts.iter().map(ToString::to_string).collect::<Vec<_>>().join(" | "))]
+    Conflict {
+        vhost: String,
+        conflicts: Vec<Conflict>,
+    },
+}
+
+impl TopologyError {
+    /// A bounded name for the kind of error, for metric labels and event reasons.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::InvalidSpec(_) => "invalid-spec",
+            Self::BadEndpoint(_) => "bad-endpoint",
+            Self::Unreachable { .. } => "unreachable",
+            Self::Unauthorized { .. } => "unauthorized",
+            Self::Forbidden { .. } => "forbidden",
+            Self::Refused { .. } => "refused",
+            Self::Conflict { .. } => "conflict",
+        }
+    }
+
+    /// Whether trying again later, with the same spec, may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Unreachable { .. }
+                | Self::Refused {
+                    status: 0 | 500..,
+                    ..
+                }
+        )
+    }
+}

@@ -1,0 +1,199 @@
+//! Plan, apply and delete: the I/O around the pure [`plan`](super::diff::plan).
+//!
+//! Apply reads, compares, and writes only what differs, so applying an unchanged spec
+//! makes no write at all. Nothing here ever deletes or redeclares a queue that exists.
+
+use std::fmt;
+
+use super::diff::{self, Change};
+use super::live::{LiveLoad, LiveQueues};
+use super::management::{Management, is_mailer_policy};
+use super::{Topology, TopologyError};
+use crate::spec::DeletionPolicy;
+
+/// What apply would change, without changing anything.
+pub async fn plan(
+    management: &Management,
+    topology: &Topology,
+) -> Result<Vec<Change>, TopologyError> {
+    let observed = management.observe(&topology.vhost).await?;
+    diff::plan(topology, &observed).map_err(|conflicts| TopologyError::Conflict {
+        vhost: topology.vhost.clone(),
+        conflicts,
+    })
+}
+
+/// Makes RabbitMQ hold `topology` and returns what was changed (nothing when it already
+/// did). Conflicts stop it before the first write.
+pub async fn apply(
+    management: &Management,
+    topology: &Topology,
+) -> Result<Vec<Change>, TopologyError> {
+    let changes = plan(management, topology).await?;
+    for change in &changes {
+        management.write(&topology.vhost, change).await?;
+        tracing::info!(vhost = %topology.vhost, change = %change, "topology changed");
+    }
+    Ok(changes)
+}
+
+/// What a delete did, and what it left and why.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DeleteReport {
+    pub removed: Vec<String>,
+    /// Objects left in place, each with why.
+    pub kept: Vec<String>,
+}
+
+impl fmt::Display for DeleteReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for removed in &self.removed {
+            writeln!(f, "removed {removed}")?;
+        }
+        for kept in &self.kept {
+            writeln!(f, "kept {kept}")?;
+        }
+        Ok(())
+    }
+}
+
+/// How delete decides whether a queue holds messages.
+pub enum EmptinessCheck<'a> {
+    /// Ask the broker over AMQP (a passive declare), which is live.
+    Live(&'a str),
+    /// Delete queues whatever they hold.
+    Force,
+}
+
+/// Removes what `policy` says to remove. `Retain` removes nothing. `Delete` removes the
+/// bindings, exchanges, empty queues and policies of the pipeline; a queue that holds
+/// messages is kept unless forced. A broker that cannot be reached or a vhost that is
+/// gone is not an error: there is nothing more this can remove, and the report says so.
+pub async fn delete(
+    management: &Management,
+    topology: &Topology,
+    policy: DeletionPolicy,
+    emptiness: EmptinessCheck<'_>,
+) -> Result<DeleteReport, TopologyError> {
+    let mut report = DeleteReport::default();
+    if policy == DeletionPolicy::Retain {
+        report.kept.push(format!(
+            "everything in vhost {:?} (deletionPolicy Retain)",
+            topology.vhost
+        ));
+        return Ok(report);
+    }
+    let vhost = &topology.vhost;
+    let observed = match management.observe(vhost).await {
+        Ok(observed) => observed,
+        Err(e @ TopologyError::Unreachable { .. }) => {
+            report
+                .kept
+                .push(format!("whatever is left in vhost {vhost:?}: {e}"));
+            return Ok(report);
+        }
+        Err(e) => return Err(e),
+    };
+    if !observed.vhost_exists {
+        report
+            .kept
+            .push(format!("nothing: vhost {vhost:?} does not exist"));
+        return Ok(report);
+    }
+
+    // Bindings and exchanges first, so no new request arrives while queues are checked.
+    for binding in topology
+        .bindings
+        .iter()
+        .filter(|b| observed.bindings.contains(b))
+    {
+        management.delete_binding(vhost, binding).await?;
+        report
+            .removed
+            .push(format!("binding {} -> {}", binding.exchange, binding.queue));
+    }
+    for exchange in &topology.exchanges {
+        let ours = observed
+            .exchanges
+            .iter()
+            .any(|e| e.name == exchange.name && e.kind == exchange.kind.as_str());
+        if ours {
+            management.delete_exchange(vhost, &exchange.name).await?;
+            report.removed.push(format!("exchange {}", exchange.name));
+        }
+    }
+
+    let live = match emptiness {
+        EmptinessCheck::Live(amqp_url) => Some(LiveQueues::connect(amqp_url).await),
+        EmptinessCheck::Force => None,
+    };
+    for queue in &topology.queues {
+        let ours = observed
+            .queues
+            .iter()
+            .any(|q| q.name == queue.name && q.queue_type == "quorum");
+        if !ours {
+            continue;
+        }
+        let verdict = match &live {
+            None => Ok(()),
+            Some(Err(e)) => Err(format!(
+                "its messages could not be counted ({e}); use --force to delete it anyway"
+            )),
+            Some(Ok(live)) => holds_nothing(management, live, vhost, &queue.name).await,
+        };
+        match verdict {
+            Ok(()) => {
+                management.delete_queue(vhost, &queue.name).await?;
+                report.removed.push(format!("queue {}", queue.name));
+            }
+            Err(why) => report.kept.push(format!("queue {}: {why}", queue.name)),
+        }
+    }
+    if let Some(Ok(live)) = live {
+        live.close().await;
+    }
+
+    for policy in &topology.policies {
+        if observed
+            .policies
+            .iter()
+            .any(|p| p.name == policy.name && is_mailer_policy(&p.name))
+        {
+            management.delete_policy(vhost, &policy.name).await?;
+            report.removed.push(format!("policy {}", policy.name));
+        }
+    }
+    Ok(report)
+}
+
+/// `Ok` when the queue holds no message, else why it must be kept. Ready messages are
+/// counted live; unacknowledged ones exist only while a consumer holds them, and only the
+/// management API counts those.
+async fn holds_nothing(
+    management: &Management,
+    live: &LiveQueues,
+    vhost: &str,
+    queue: &str,
+) -> Result<(), String> {
+    match live.load(queue).await {
+        Ok(None) => Ok(()),
+        Ok(Some(LiveLoad { ready, .. })) if ready > 0 => Err(format!(
+            "it holds {ready} messages; move or consume them, or use --force to delete it with them"
+        )),
+        Ok(Some(LiveLoad { consumers: 0, .. })) => Ok(()),
+        Ok(Some(LiveLoad { consumers, .. })) => match management.queue_depth(vhost, queue).await {
+            Ok(Some(depth)) if depth.unacknowledged > 0 => Err(format!(
+                "{consumers} consumers hold {} unacknowledged messages; stop the workers first, or use --force",
+                depth.unacknowledged
+            )),
+            Ok(_) => Ok(()),
+            Err(e) => Err(format!(
+                "its unacknowledged messages could not be counted: {e}"
+            )),
+        },
+        Err(e) => Err(format!(
+            "its messages could not be counted ({e}); use --force to delete it anyway"
+        )),
+    }
+}
