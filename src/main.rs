@@ -18,6 +18,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Print the MailerPipeline CustomResourceDefinition as YAML.
+    Crd,
     /// Show, make or remove a pipeline's exchanges, queues, bindings and policies,
     /// without Kubernetes.
     Topology {
@@ -61,6 +63,9 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     telemetry::init_logging("warn", cli.log_format);
     let result = match cli.command {
+        Command::Crd => cli::crd::yaml()
+            .map(|yaml| print!("{yaml}"))
+            .map_err(anyhow::Error::from),
         Command::Topology { action } => match action {
             TopologyAction::Plan(a) => {
                 cli::topology::run(

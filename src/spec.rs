@@ -7,16 +7,27 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use kube::CustomResource;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::mail;
 
+mod status;
+mod worker;
+
+pub use status::{MailerPipelineStatus, QueueDepths, READY, TOPOLOGY_READY, WORKER_READY, WorkerCounts};
+pub use worker::{ImagePullPolicy, ProviderSpec, SecretKeySelector, WorkerSpec};
+
 /// The longest name RabbitMQ accepts for an exchange or a queue, in bytes.
 const MAX_NAME_BYTES: usize = 255;
 /// The largest `message-ttl` RabbitMQ accepts, in milliseconds (2^32 - 1).
 const MAX_TTL_MS: u128 = u32::MAX as u128;
+/// CEL: every exchange and queue name of the pipeline is different from the others.
+const DISTINCT_NAMES_RULE: &str = "[self.exchange, self.queue, self.retryExchange, self.retryQueue, self.deadExchange, self.deadQueue].all(n, [self.exchange, self.queue, self.retryExchange, self.retryQueue, self.deadExchange, self.deadQueue].filter(m, m == n).size() == 1)";
+/// CEL: a name RabbitMQ does not reserve for itself.
+const NOT_RESERVED_RULE: &str = "!self.startsWith('amq.')";
+const NOT_RESERVED_MESSAGE: &str = "names starting with \"amq.\" are reserved by RabbitMQ";
 
 /// A mail-sending pipeline on RabbitMQ: its exchanges, quorum queues and policies, and
 /// the workers that consume mail requests and send them.
@@ -26,7 +37,46 @@ const MAX_TTL_MS: u128 = u32::MAX as u128;
     version = "v1alpha1",
     kind = "MailerPipeline",
     namespaced,
-    doc = "A mail-sending pipeline on RabbitMQ: exchanges, quorum queues, policies and the workers that send mail."
+    status = "MailerPipelineStatus",
+    derive = "PartialEq",
+    shortname = "mp",
+    category = "mailer",
+    doc = "A mail-sending pipeline on RabbitMQ: exchanges, quorum queues, policies and the workers that send mail.",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Whether the topology is in RabbitMQ and every worker is ready"
+    ),
+    printcolumn(
+        name = "Send",
+        type_ = "integer",
+        json_path = ".status.queues.send",
+        description = "Mail requests waiting to be sent"
+    ),
+    printcolumn(
+        name = "Retry",
+        type_ = "integer",
+        json_path = ".status.queues.retry",
+        description = "Requests waiting for their next attempt"
+    ),
+    printcolumn(
+        name = "Dead",
+        type_ = "integer",
+        json_path = ".status.queues.dead",
+        description = "Dead letters kept for people to inspect"
+    ),
+    printcolumn(
+        name = "Workers",
+        type_ = "integer",
+        json_path = ".status.workers.ready",
+        description = "Worker pods ready"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MailerPipelineSpec {
@@ -43,11 +93,18 @@ pub struct MailerPipelineSpec {
 }
 
 /// Which RabbitMQ to use and how to reach it.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+///
+/// The operator needs exactly one of `connectionSecret` and `clusterRef`. The standalone
+/// `mailer topology` command is given the broker on its command line and needs neither.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[x_kube(validation = kube::core::Rule::new("has(self.connectionSecret) != has(self.clusterRef)")
+    .message("set exactly one of connectionSecret and clusterRef")
+    .reason(kube::core::Reason::FieldValueRequired))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RabbitmqSpec {
     /// The virtual host that holds the pipeline. It is created when it does not exist.
     #[serde(default = "default_vhost")]
+    #[schemars(length(min = 1))]
     pub vhost: String,
     /// A Secret in the pipeline's namespace with the keys `uri` (the management API URL,
     /// e.g. `http://rabbitmq:15672`), `username` and `password`: the convention of
@@ -75,6 +132,7 @@ impl Default for RabbitmqSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SecretReference {
     /// The Secret's name.
+    #[schemars(length(min = 1))]
     pub name: String,
 }
 
@@ -83,6 +141,7 @@ pub struct SecretReference {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterReference {
     /// The RabbitmqCluster's name.
+    #[schemars(length(min = 1))]
     pub name: String,
     /// Its namespace; the pipeline's own when empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -90,34 +149,50 @@ pub struct ClusterReference {
 }
 
 /// The exchanges, queues and policies of the pipeline.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[x_kube(validation = kube::core::Rule::new(DISTINCT_NAMES_RULE)
+    .message("exchange, queue, retryExchange, retryQueue, deadExchange and deadQueue must all be different names")
+    .reason(kube::core::Reason::FieldValueDuplicate))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TopologySpec {
     /// The direct exchange producers publish mail requests to.
     #[serde(default = "default_exchange")]
+    #[schemars(length(min = 1, max = 255))]
+    #[x_kube(validation = kube::core::Rule::new(NOT_RESERVED_RULE).message(NOT_RESERVED_MESSAGE))]
     pub exchange: String,
     /// The quorum queue the workers consume. Its name is also the routing key of every
     /// mail request.
     #[serde(default = "default_queue")]
+    #[schemars(length(min = 1, max = 255))]
+    #[x_kube(validation = kube::core::Rule::new(NOT_RESERVED_RULE).message(NOT_RESERVED_MESSAGE))]
     pub queue: String,
     /// The direct exchange that requests which failed for now are parked through.
     #[serde(default = "default_retry_exchange")]
+    #[schemars(length(min = 1, max = 255))]
+    #[x_kube(validation = kube::core::Rule::new(NOT_RESERVED_RULE).message(NOT_RESERVED_MESSAGE))]
     pub retry_exchange: String,
     /// The delay queue: it holds a parked request for `retryDelay`, then sends it back to
     /// `exchange`.
     #[serde(default = "default_retry_queue")]
+    #[schemars(length(min = 1, max = 255))]
+    #[x_kube(validation = kube::core::Rule::new(NOT_RESERVED_RULE).message(NOT_RESERVED_MESSAGE))]
     pub retry_queue: String,
     /// The fanout exchange that requests which never will succeed are published to. Bind
     /// your own queues to it to be told of dead letters.
     #[serde(default = "default_dead_exchange")]
+    #[schemars(length(min = 1, max = 255))]
+    #[x_kube(validation = kube::core::Rule::new(NOT_RESERVED_RULE).message(NOT_RESERVED_MESSAGE))]
     pub dead_exchange: String,
     /// The quorum queue that keeps dead letters.
     #[serde(default = "default_dead_queue")]
+    #[schemars(length(min = 1, max = 255))]
+    #[x_kube(validation = kube::core::Rule::new(NOT_RESERVED_RULE).message(NOT_RESERVED_MESSAGE))]
     pub dead_queue: String,
     /// How long a request that failed for now waits before its next attempt, e.g. `30s`,
     /// `5m` or `1h30m`. At least 1s and below 49 days (RabbitMQ's limit). Every attempt
     /// waits the same delay, since a quorum queue expires messages only from its head.
     #[serde(default = "default_retry_delay")]
+    #[schemars(length(min = 1, max = 64))]
     pub retry_delay: String,
     /// Deliveries of one request from `queue` before RabbitMQ dead-letters it to
     /// `deadExchange`; catches a request that makes the worker fail every time.
@@ -169,59 +244,6 @@ pub enum DeletionPolicy {
     Delete,
 }
 
-/// The workers that consume mail requests and send them.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct WorkerSpec {
-    /// How many worker pods run.
-    #[serde(default = "default_replicas")]
-    #[schemars(range(min = 0))]
-    pub replicas: i32,
-    /// Attempts before a request that keeps failing for now is dead-lettered as
-    /// `gave-up`.
-    #[serde(default = "default_max_attempts")]
-    #[schemars(range(min = 1))]
-    pub max_attempts: u32,
-    /// Unacknowledged deliveries each worker holds, and so sends, at once.
-    #[serde(default = "default_prefetch")]
-    #[schemars(range(min = 1))]
-    pub prefetch: u16,
-    /// Where mail goes: a key of a Secret that holds the provider URL, e.g.
-    /// `smtp://user:pass@smtp.example.com:587?tls=required`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provider: Option<ProviderSpec>,
-}
-
-impl Default for WorkerSpec {
-    fn default() -> Self {
-        Self {
-            replicas: default_replicas(),
-            max_attempts: default_max_attempts(),
-            prefetch: default_prefetch(),
-            provider: None,
-        }
-    }
-}
-
-/// Where the workers send mail.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ProviderSpec {
-    /// The Secret key that holds the provider URL (`smtp://`, `smtps://`, `file://` or
-    /// `discard://`).
-    pub url_secret_key_ref: SecretKeySelector,
-}
-
-/// One key of a Secret in the pipeline's namespace.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct SecretKeySelector {
-    /// The Secret's name.
-    pub name: String,
-    /// The key within the Secret.
-    pub key: String,
-}
-
 fn default_vhost() -> String {
     "/".into()
 }
@@ -248,15 +270,6 @@ fn default_retry_delay() -> String {
 }
 fn default_delivery_limit() -> u32 {
     mail::DEFAULT_DELIVERY_LIMIT
-}
-fn default_replicas() -> i32 {
-    1
-}
-fn default_max_attempts() -> u32 {
-    mail::DEFAULT_MAX_ATTEMPTS
-}
-fn default_prefetch() -> u16 {
-    mail::DEFAULT_PREFETCH
 }
 
 /// One thing wrong with a spec: the field's path and what is wrong with it.
@@ -387,7 +400,48 @@ impl MailerPipelineSpec {
         if worker.prefetch == 0 {
             problem("worker.prefetch", "must be at least 1".into());
         }
+        if worker.termination_grace_period_seconds < 1 {
+            problem(
+                "worker.terminationGracePeriodSeconds",
+                "must be at least 1".into(),
+            );
+        }
+        if worker.image.as_deref() == Some("") {
+            problem(
+                "worker.image",
+                "must not be empty (leave it out for the operator's own image)".into(),
+            );
+        }
+        if let Some(provider) = &worker.provider {
+            let selector = &provider.url_secret_key_ref;
+            if selector.name.is_empty() || selector.key.is_empty() {
+                problem(
+                    "worker.provider.urlSecretKeyRef",
+                    "needs both the Secret's name and the key".into(),
+                );
+            }
+        }
 
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(InvalidSpec(errors))
+        }
+    }
+
+    /// What [`validate`](Self::validate) checks, and what the operator needs besides:
+    /// exactly one of `connectionSecret` and `clusterRef`, to find the broker by.
+    pub fn validate_for_operator(&self) -> Result<(), InvalidSpec> {
+        let mut errors = match self.validate() {
+            Ok(()) => Vec::new(),
+            Err(InvalidSpec(errors)) => errors,
+        };
+        if self.rabbitmq.connection_secret.is_none() && self.rabbitmq.cluster_ref.is_none() {
+            errors.push(FieldError {
+                field: "spec.rabbitmq".into(),
+                problem: "set connectionSecret (a Secret with uri, username and password) or clusterRef (a RabbitmqCluster)".into(),
+            });
+        }
         if errors.is_empty() {
             Ok(())
         } else {
@@ -500,6 +554,37 @@ mod tests {
         let err =
             serde_yaml::from_str::<MailerPipelineSpec>("topology: {retryDelya: 5m}").unwrap_err();
         assert!(err.to_string().contains("retryDelya"), "{err}");
+    }
+
+    #[test]
+    fn the_operator_needs_a_connection_that_the_cli_does_not() {
+        let s = spec("rabbitmq: {vhost: shop}");
+        assert!(s.validate().is_ok());
+        let err = s.validate_for_operator().unwrap_err().to_string();
+        assert!(err.contains("spec.rabbitmq: set connectionSecret"), "{err}");
+        assert!(
+            spec("rabbitmq: {connectionSecret: {name: a}}")
+                .validate_for_operator()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn worker_pod_fields_parse_as_kubernetes_types() {
+        let s = spec(
+            "worker: {image: 'reg/mailer:1', imagePullPolicy: Always, nodeSelector: {disk: ssd}, \
+             tolerations: [{key: k, operator: Exists}], resources: {limits: {memory: 128Mi}}, \
+             userSecret: {name: creds}, terminationGracePeriodSeconds: 0}",
+        );
+        assert_eq!(s.worker.image_pull_policy, Some(ImagePullPolicy::Always));
+        assert_eq!(s.worker.tolerations.as_ref().unwrap()[0].key.as_deref(), Some("k"));
+        assert_eq!(
+            problems("worker: {terminationGracePeriodSeconds: 0, image: ''}"),
+            [
+                "spec.worker.terminationGracePeriodSeconds: must be at least 1",
+                "spec.worker.image: must not be empty (leave it out for the operator's own image)"
+            ]
+        );
     }
 
     #[test]

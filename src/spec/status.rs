@@ -1,0 +1,75 @@
+//! `status`: what the operator last found, written by it and read by people.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The condition that says whether the pipeline's exchanges, queues, bindings, policies
+/// and worker user are in RabbitMQ as the spec asks.
+pub const TOPOLOGY_READY: &str = "TopologyReady";
+/// The condition that says whether every worker pod asked for is ready.
+pub const WORKER_READY: &str = "WorkerReady";
+/// Both of the above.
+pub const READY: &str = "Ready";
+
+/// What the operator last found: the pipeline's conditions, queue depths and workers.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MailerPipelineStatus {
+    /// The `metadata.generation` of the spec this status describes; when it is behind
+    /// the resource's generation, the operator has not yet acted on the latest change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `TopologyReady`, `WorkerReady` and `Ready`, each with a reason and a message that
+    /// says what to do when it is not `True`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// Messages in the pipeline's queues, as RabbitMQ's management API last counted them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queues: Option<QueueDepths>,
+    /// Worker pods ready and asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<WorkerCounts>,
+    /// The RabbitMQ user the workers connect as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_user: Option<String>,
+}
+
+/// Messages (ready and unacknowledged) in each queue of the pipeline; a queue is absent
+/// when it could not be counted.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueDepths {
+    /// Mail requests waiting to be sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send: Option<i64>,
+    /// Requests that failed for now, waiting for their next attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<i64>,
+    /// Dead letters: requests that never will succeed, kept for people to inspect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead: Option<i64>,
+}
+
+/// Worker pods ready and asked for.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerCounts {
+    /// Worker pods that pass their readiness probe.
+    pub ready: i32,
+    /// Worker pods asked for (`spec.worker.replicas`).
+    pub desired: i32,
+}
+
+impl MailerPipelineStatus {
+    /// The condition of `type_`, if set.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    /// Whether the condition of `type_` is `True`.
+    pub fn is_true(&self, type_: &str) -> bool {
+        self.condition(type_).is_some_and(|c| c.status == "True")
+    }
+}

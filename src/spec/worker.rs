@@ -1,0 +1,155 @@
+//! `spec.worker`: the worker pods, what they run and where.
+//!
+//! The pod fields use Kubernetes' own types, so they read and validate exactly as they
+//! do on a Deployment.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, LocalObjectReference, ResourceRequirements, Toleration};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::SecretReference;
+use crate::mail;
+
+/// The workers that consume mail requests and send them.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkerSpec {
+    /// How many worker pods run.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 0))]
+    pub replicas: i32,
+    /// Attempts before a request that keeps failing for now is dead-lettered as
+    /// `gave-up`.
+    #[serde(default = "default_max_attempts")]
+    #[schemars(range(min = 1))]
+    pub max_attempts: u32,
+    /// Unacknowledged deliveries each worker holds, and so sends, at once.
+    #[serde(default = "default_prefetch")]
+    #[schemars(range(min = 1))]
+    pub prefetch: u16,
+    /// Where mail goes: a key of a Secret that holds the provider URL, e.g.
+    /// `smtp://user:pass@smtp.example.com:587?tls=required`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderSpec>,
+    /// The container image of the workers. By default the operator's own image, which
+    /// holds the same `mailer` binary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub image: Option<String>,
+    /// When the kubelet pulls the image: `Always`, `IfNotPresent` or `Never`. Kubernetes'
+    /// default when absent (`Always` for `:latest`, else `IfNotPresent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+    /// Secrets with registry credentials to pull the image with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    /// CPU and memory requests and limits of the worker container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Labels a node must have for a worker pod to run on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Taints the worker pods tolerate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+    /// Node and pod affinity and anti-affinity of the worker pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Annotations added to the worker pods (e.g. for a service mesh or log shipper).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_annotations: Option<BTreeMap<String, String>>,
+    /// The ServiceAccount the worker pods run as; the namespace's `default` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    /// How long a stopping worker may take to finish the mail it is sending before it is
+    /// killed. Mail cut off is not lost (it is redelivered) but may be sent twice.
+    #[serde(default = "default_termination_grace_period_seconds")]
+    #[schemars(range(min = 1))]
+    pub termination_grace_period_seconds: i64,
+    /// An existing RabbitMQ user for the workers: a Secret in the pipeline's namespace
+    /// with the keys `username` and `password`. When absent, the operator creates a user
+    /// that may only read the send queue and write to the retry and dead exchanges, and
+    /// keeps its generated password in a Secret it owns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_secret: Option<SecretReference>,
+}
+
+impl Default for WorkerSpec {
+    fn default() -> Self {
+        Self {
+            replicas: default_replicas(),
+            max_attempts: default_max_attempts(),
+            prefetch: default_prefetch(),
+            provider: None,
+            image: None,
+            image_pull_policy: None,
+            image_pull_secrets: None,
+            resources: None,
+            node_selector: None,
+            tolerations: None,
+            affinity: None,
+            pod_annotations: None,
+            service_account_name: None,
+            termination_grace_period_seconds: default_termination_grace_period_seconds(),
+            user_secret: None,
+        }
+    }
+}
+
+/// When the kubelet pulls the worker image.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
+pub enum ImagePullPolicy {
+    /// Pull on every pod start.
+    Always,
+    /// Pull only when the node does not have the image.
+    IfNotPresent,
+    /// Never pull; the image must already be on the node.
+    Never,
+}
+
+impl ImagePullPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Always => "Always",
+            Self::IfNotPresent => "IfNotPresent",
+            Self::Never => "Never",
+        }
+    }
+}
+
+/// Where the workers send mail.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProviderSpec {
+    /// The Secret key that holds the provider URL (`smtp://`, `smtps://`, `file://` or
+    /// `discard://`).
+    pub url_secret_key_ref: SecretKeySelector,
+}
+
+/// One key of a Secret in the pipeline's namespace.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretKeySelector {
+    /// The Secret's name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// The key within the Secret.
+    #[schemars(length(min = 1))]
+    pub key: String,
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+fn default_max_attempts() -> u32 {
+    mail::DEFAULT_MAX_ATTEMPTS
+}
+fn default_prefetch() -> u16 {
+    mail::DEFAULT_PREFETCH
+}
+/// Long enough for a full prefetch of mail to go out over a slow SMTP server.
+fn default_termination_grace_period_seconds() -> i64 {
+    120
+}
