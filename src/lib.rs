@@ -4,6 +4,7 @@
 //! `controller` is the kube-runtime glue around it.
 
 pub mod cli;
+pub mod controller;
 pub mod mail;
 pub mod manifest;
 pub mod redact;

@@ -20,6 +20,8 @@ struct Cli {
 enum Command {
     /// Print the MailerPipeline CustomResourceDefinition as YAML.
     Crd,
+    /// Run the operator: reconcile MailerPipelines into RabbitMQ topology and workers.
+    Controller(cli::controller::ControllerArgs),
     /// Show, make or remove a pipeline's exchanges, queues, bindings and policies,
     /// without Kubernetes.
     Topology {
@@ -61,8 +63,17 @@ enum TopologyAction {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    telemetry::init_logging("warn", cli.log_format);
+    // A long-running role says what it does; a one-shot command only what went wrong.
+    let level = match cli.command {
+        Command::Controller(_) => "info",
+        _ => "warn",
+    };
+    telemetry::init_logging(level, cli.log_format);
     let result = match cli.command {
+        Command::Controller(args) => match args.into_options() {
+            Ok(options) => mailer::controller::run(options).await,
+            Err(e) => Err(e),
+        },
         Command::Crd => cli::crd::yaml()
             .map(|yaml| print!("{yaml}"))
             .map_err(anyhow::Error::from),

@@ -16,7 +16,9 @@ use crate::mail;
 mod status;
 mod worker;
 
-pub use status::{MailerPipelineStatus, QueueDepths, READY, TOPOLOGY_READY, WORKER_READY, WorkerCounts};
+pub use status::{
+    MailerPipelineStatus, QueueDepths, READY, TOPOLOGY_READY, WORKER_READY, WorkerCounts,
+};
 pub use worker::{ImagePullPolicy, ProviderSpec, SecretKeySelector, WorkerSpec};
 
 /// The longest name RabbitMQ accepts for an exchange or a queue, in bytes.
@@ -577,7 +579,10 @@ mod tests {
              userSecret: {name: creds}, terminationGracePeriodSeconds: 0}",
         );
         assert_eq!(s.worker.image_pull_policy, Some(ImagePullPolicy::Always));
-        assert_eq!(s.worker.tolerations.as_ref().unwrap()[0].key.as_deref(), Some("k"));
+        assert_eq!(
+            s.worker.tolerations.as_ref().unwrap()[0].key.as_deref(),
+            Some("k")
+        );
         assert_eq!(
             problems("worker: {terminationGracePeriodSeconds: 0, image: ''}"),
             [

@@ -1,4 +1,5 @@
 //! What the `mailer` subcommands do; `main.rs` only parses arguments.
 
+pub mod controller;
 pub mod crd;
 pub mod topology;

@@ -171,16 +171,25 @@ fn policy_for(queue: &str, definition: Value) -> Policy {
 
 /// A regular expression that matches exactly `name` and nothing else.
 pub fn exact_pattern(name: &str) -> String {
-    let mut pattern = String::with_capacity(name.len() + 8);
-    pattern.push('^');
+    format!("^{}$", escape_regex(name))
+}
+
+/// A regular expression that matches exactly one of `names` and nothing else.
+pub fn exact_alternatives(names: &[&str]) -> String {
+    let escaped: Vec<String> = names.iter().map(|name| escape_regex(name)).collect();
+    format!("^({})$", escaped.join("|"))
+}
+
+/// `name` with every regular-expression metacharacter escaped.
+fn escape_regex(name: &str) -> String {
+    let mut escaped = String::with_capacity(name.len() + 6);
     for c in name.chars() {
         if "\\.+*?()|[]{}^$".contains(c) {
-            pattern.push('\\');
+            escaped.push('\\');
         }
-        pattern.push(c);
+        escaped.push(c);
     }
-    pattern.push('$');
-    pattern
+    escaped
 }
 
 #[cfg(test)]
@@ -292,6 +301,10 @@ mod tests {
         assert_eq!(
             exact_pattern("a.b*c+(d)|[e]{f}^$?\\"),
             r"^a\.b\*c\+\(d\)\|\[e\]\{f\}\^\$\?\\$"
+        );
+        assert_eq!(
+            exact_alternatives(&["mail.retry", "mail.dead"]),
+            r"^(mail\.retry|mail\.dead)$"
         );
     }
 }

@@ -114,7 +114,7 @@ impl fmt::Debug for ManagementEndpoint {
 
 /// A client of one broker's management API.
 pub struct Management {
-    api: Client<String, String, String>,
+    pub(super) api: Client<String, String, String>,
     endpoint: ManagementEndpoint,
 }
 
@@ -143,7 +143,7 @@ impl Management {
         &self.endpoint
     }
 
-    fn error(&self, action: &str, e: HttpClientError) -> TopologyError {
+    pub(super) fn error(&self, action: &str, e: HttpClientError) -> TopologyError {
         TopologyError::from_http(&self.endpoint, action, e)
     }
 

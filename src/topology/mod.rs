@@ -7,11 +7,13 @@ pub mod diff;
 pub mod live;
 pub mod management;
 pub mod reconcile;
+pub mod users;
 
 pub use desired::Topology;
 pub use diff::{Change, Conflict};
 pub use management::{Management, ManagementEndpoint, QueueDepth};
-pub use reconcile::{DeleteReport, apply, delete, plan};
+pub use reconcile::{DeleteReport, EmptinessCheck, apply, delete, plan};
+pub use users::{Permissions, UserChange, UserGrant};
 
 use crate::spec::InvalidSpec;
 

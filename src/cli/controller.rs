@@ -1,0 +1,103 @@
+//! `mailer controller`: its flags, and turning them into the operator's options.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+
+use crate::controller::{LeaderOptions, Options, Settings};
+
+/// Where Kubernetes mounts the pod's namespace.
+const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+#[derive(clap::Args, Debug)]
+pub struct ControllerArgs {
+    /// Namespaces to watch, comma-separated or repeated; all namespaces when absent.
+    #[arg(long = "namespace", env = "MAILER_NAMESPACES", value_delimiter = ',')]
+    namespaces: Vec<String>,
+    /// How often every pipeline is compared with RabbitMQ, e.g. 5m or 30s; drift found
+    /// then is repaired.
+    #[arg(long, env = "MAILER_RESYNC_INTERVAL", default_value = "5m", value_parser = humantime::parse_duration)]
+    resync_interval: Duration,
+    /// The worker image for pipelines that name none: normally the operator's own.
+    #[arg(long, env = "MAILER_WORKER_IMAGE")]
+    worker_image: String,
+    /// Where /metrics, /livez and /readyz are served.
+    #[arg(long, env = "MAILER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Elect one active replica through a Lease; turn off only for a single replica.
+    #[arg(long, env = "MAILER_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    /// The Lease's namespace; by default the pod's own.
+    #[arg(long, env = "MAILER_LEASE_NAMESPACE")]
+    lease_namespace: Option<String>,
+    /// The Lease's name.
+    #[arg(long, env = "MAILER_LEASE_NAME", default_value = "mailer-operator")]
+    lease_name: String,
+    /// This replica's name in the Lease; by default the pod's name (POD_NAME or HOSTNAME).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// How long the Lease holds without renewal; a standby takes over after it.
+    #[arg(long, env = "MAILER_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    lease_duration: Duration,
+    /// How often the leader renews the Lease and a standby tries for it.
+    #[arg(long, env = "MAILER_LEASE_RETRY", default_value = "4s", value_parser = humantime::parse_duration)]
+    lease_retry: Duration,
+}
+
+impl ControllerArgs {
+    pub fn into_options(self) -> Result<Options> {
+        if self.worker_image.trim().is_empty() {
+            bail!("--worker-image (MAILER_WORKER_IMAGE) must name an image");
+        }
+        if self.resync_interval < Duration::from_secs(1) {
+            bail!("--resync-interval must be at least 1s");
+        }
+        let leader = if self.leader_election {
+            if self.lease_retry >= self.lease_duration {
+                bail!(
+                    "--lease-retry must be shorter than --lease-duration, or the Lease expires between renewals"
+                );
+            }
+            let identity = self
+                .identity
+                .or_else(|| std::env::var("HOSTNAME").ok())
+                .filter(|id| !id.is_empty());
+            let Some(identity) = identity else {
+                bail!("leader election needs this replica's name: set --identity or POD_NAME");
+            };
+            let lease_namespace = self
+                .lease_namespace
+                .or_else(|| std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok())
+                .map(|ns| ns.trim().to_string())
+                .filter(|ns| !ns.is_empty());
+            let Some(lease_namespace) = lease_namespace else {
+                bail!(
+                    "leader election needs the Lease's namespace: set --lease-namespace outside a pod"
+                );
+            };
+            Some(LeaderOptions {
+                lease_namespace,
+                lease_name: self.lease_name,
+                identity,
+                lease_duration: self.lease_duration,
+                retry_period: self.lease_retry,
+            })
+        } else {
+            None
+        };
+        Ok(Options {
+            namespaces: self
+                .namespaces
+                .into_iter()
+                .filter(|ns| !ns.is_empty())
+                .collect(),
+            settings: Settings {
+                worker_image: self.worker_image,
+                resync_interval: self.resync_interval,
+            },
+            metrics_addr: self.metrics_addr,
+            leader,
+        })
+    }
+}

@@ -1,0 +1,154 @@
+//! What deleting a pipeline does: remove the worker's RabbitMQ user (when the operator
+//! made it) and what `deletionPolicy` allows of the topology, then let the pipeline go.
+//!
+//! Deletion always completes: when the broker, a Secret, the vhost or the RabbitmqCluster
+//! is already gone, what could not be cleaned up is said in an event and the finalizer
+//! is removed anyway, so nothing hangs in Terminating. Only a failing Kubernetes API
+//! holds it, since the finalizer could not be removed then either. The worker
+//! Deployment and Secret go with the pipeline through their owner references.
+
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+
+use super::connection;
+use super::context::Context;
+use super::error::Error;
+use super::worker_user::managed_username;
+use crate::spec::{DeletionPolicy, MailerPipeline};
+use crate::topology::live::amqp_url_for;
+use crate::topology::{self, EmptinessCheck, Management, Topology};
+
+/// What a cleanup removed, and what it left with why.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct CleanupReport {
+    pub removed: Vec<String>,
+    /// Left because the deletion policy says so.
+    pub kept: Vec<String>,
+    /// Left because it could not be removed.
+    pub not_cleaned_up: Vec<String>,
+}
+
+pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action, Error> {
+    let report = clean_up_rabbitmq(pipeline, ctx).await?;
+    let regarding = pipeline.object_ref(&());
+    let mut note = Vec::new();
+    if !report.removed.is_empty() {
+        note.push(format!("removed {}", report.removed.join(", ")));
+    }
+    if !report.kept.is_empty() {
+        note.push(format!("kept {}", report.kept.join(", ")));
+    }
+    if report.not_cleaned_up.is_empty() {
+        ctx.publish(
+            &regarding,
+            EventType::Normal,
+            "CleanedUp",
+            "Delete",
+            note.join("; "),
+        )
+        .await;
+    } else {
+        note.push(format!(
+            "NOT cleaned up (remove by hand if unwanted): {}",
+            report.not_cleaned_up.join("; ")
+        ));
+        ctx.publish(
+            &regarding,
+            EventType::Warning,
+            "CleanupIncomplete",
+            "Delete",
+            note.join("; "),
+        )
+        .await;
+    }
+    ctx.metrics.forget(
+        &pipeline.namespace().unwrap_or_default(),
+        &pipeline.name_any(),
+    );
+    Ok(Action::await_change())
+}
+
+/// Removes what may be removed; fails only when the Kubernetes API does.
+async fn clean_up_rabbitmq(
+    pipeline: &MailerPipeline,
+    ctx: &Context,
+) -> Result<CleanupReport, Error> {
+    let mut report = CleanupReport::default();
+    let spec = &pipeline.spec;
+    let managed_user = spec
+        .worker
+        .user_secret
+        .is_none()
+        .then(|| managed_username(pipeline));
+    let broker = match connection::resolve(&ctx.client, pipeline).await {
+        Ok(broker) => broker,
+        Err(e @ Error::Kube { .. }) if e.is_transient() => return Err(e),
+        Err(e) => {
+            report.not_cleaned_up.push(format!(
+                "everything in RabbitMQ, since the broker could not be found: {e}"
+            ));
+            return Ok(report);
+        }
+    };
+    let management = match Management::new(&broker.endpoint) {
+        Ok(management) => management,
+        Err(e) => {
+            report
+                .not_cleaned_up
+                .push(format!("everything in RabbitMQ: {e}"));
+            return Ok(report);
+        }
+    };
+
+    // The user goes first: RabbitMQ closes its connections, so the deliveries the
+    // workers held return to their queue and are counted before a queue is deleted.
+    if let Some(user) = &managed_user {
+        match management.delete_user(user).await {
+            Ok(true) => report.removed.push(format!("user {user}")),
+            Ok(false) => {}
+            Err(e) => report.not_cleaned_up.push(format!("user {user}: {e}")),
+        }
+    }
+
+    let policy = spec.topology.deletion_policy;
+    let desired = match Topology::desired(spec) {
+        Ok(desired) => desired,
+        Err(e) => {
+            if policy == DeletionPolicy::Delete {
+                report
+                    .not_cleaned_up
+                    .push(format!("the topology, since the spec is invalid: {e}"));
+            }
+            return Ok(report);
+        }
+    };
+    let amqp_url = amqp_url_for(&broker.endpoint, &desired.vhost);
+    match topology::delete(
+        &management,
+        &desired,
+        policy,
+        EmptinessCheck::Live(&amqp_url),
+    )
+    .await
+    {
+        Ok(deleted) => {
+            report.removed.extend(deleted.removed);
+            // Under Delete, whatever was kept was meant to go (a queue that still holds
+            // mail, a broker that went away); under Retain, keeping is the point.
+            let meant_to_go = policy == DeletionPolicy::Delete;
+            for kept in deleted.kept {
+                let nothing_there = kept.starts_with("nothing:");
+                if meant_to_go && !nothing_there {
+                    report.not_cleaned_up.push(kept);
+                } else {
+                    report.kept.push(kept);
+                }
+            }
+        }
+        Err(e) => report
+            .not_cleaned_up
+            .push(format!("the topology in vhost {:?}: {e}", desired.vhost)),
+    }
+    Ok(report)
+}

@@ -1,0 +1,285 @@
+//! Finding the broker of a pipeline: from its `connectionSecret`, or from the
+//! RabbitmqCluster its `clusterRef` names (the cluster's default-user Secret and its
+//! Service's management port).
+
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::api::{Api, DynamicObject};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Client, ResourceExt};
+use serde_json::Value;
+
+use super::error::Error;
+use crate::spec::MailerPipeline;
+use crate::topology::ManagementEndpoint;
+
+/// What a connection Secret holds, after the messaging-topology-operator's convention.
+const CONNECTION_KEYS: &str =
+    "the keys uri (the management API URL, e.g. http://rabbitmq:15672), username and password";
+
+/// The broker a pipeline uses and the operator's credentials for it.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    /// The management API, with the operator's credentials.
+    pub endpoint: ManagementEndpoint,
+    /// The management API's URL without credentials, e.g. `http://rabbitmq.shop.svc:15672`.
+    pub management_url: String,
+}
+
+/// Resolves the broker of `pipeline` through the Kubernetes API.
+pub async fn resolve(client: &Client, pipeline: &MailerPipeline) -> Result<Broker, Error> {
+    let namespace = pipeline
+        .namespace()
+        .ok_or(Error::IncompleteObject("namespace"))?;
+    let rabbitmq = &pipeline.spec.rabbitmq;
+    if let Some(reference) = &rabbitmq.connection_secret {
+        let secret = get_secret(client, &namespace, &reference.name, CONNECTION_KEYS).await?;
+        let value = |key: &str| required_key(&secret, &namespace, key, CONNECTION_KEYS);
+        let url = value("uri")?;
+        return broker(&url, &value("username")?, &value("password")?);
+    }
+    let Some(cluster_ref) = &rabbitmq.cluster_ref else {
+        return Err(pipeline
+            .spec
+            .validate_for_operator()
+            .err()
+            .map_or(Error::IncompleteObject("spec.rabbitmq"), Error::from));
+    };
+    let cluster_namespace = cluster_ref.namespace.clone().unwrap_or(namespace);
+    let cluster_error = |problem: String| Error::Cluster {
+        namespace: cluster_namespace.clone(),
+        name: cluster_ref.name.clone(),
+        problem,
+    };
+    let clusters: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &cluster_namespace,
+        &rabbitmq_cluster_resource(),
+    );
+    let cluster = clusters
+        .get_opt(&cluster_ref.name)
+        .await
+        .map_err(|e| Error::kube("read the RabbitmqCluster", e))?
+        .ok_or_else(|| {
+            cluster_error(
+                "does not exist; create it with RabbitMQ's cluster-operator, or fix spec.rabbitmq.clusterRef"
+                    .into(),
+            )
+        })?;
+    let names = ClusterNames::of(&cluster);
+    let services: Api<Service> = Api::namespaced(client.clone(), &cluster_namespace);
+    let service = services
+        .get_opt(&names.service)
+        .await
+        .map_err(|e| Error::kube("read the RabbitmqCluster's Service", e))?
+        .ok_or_else(|| {
+            cluster_error(format!(
+                "its Service {:?} does not exist yet; is the cluster still being created?",
+                names.service
+            ))
+        })?;
+    let wanted = "the cluster's default user (the cluster-operator creates it)";
+    let secret = get_secret(client, &cluster_namespace, &names.secret, wanted).await?;
+    let value = |key: &str| required_key(&secret, &cluster_namespace, key, wanted);
+    let url = management_url(&names.service, &cluster_namespace, &service);
+    broker(&url, &value("username")?, &value("password")?)
+}
+
+fn broker(url: &str, username: &str, password: &str) -> Result<Broker, Error> {
+    let endpoint = ManagementEndpoint::with_credentials(url, username, password)?;
+    Ok(Broker {
+        endpoint,
+        management_url: url.to_string(),
+    })
+}
+
+/// The RabbitmqCluster resource of RabbitMQ's cluster-operator.
+pub fn rabbitmq_cluster_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("rabbitmq.com", "v1beta1", "RabbitmqCluster"),
+        "rabbitmqclusters",
+    )
+}
+
+/// Where a RabbitmqCluster keeps its default user and its Service: as its status says,
+/// or by the cluster-operator's naming convention while the status is not yet written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterNames {
+    pub secret: String,
+    pub service: String,
+}
+
+impl ClusterNames {
+    pub fn of(cluster: &DynamicObject) -> Self {
+        let name = cluster.name_any();
+        let default_user = cluster
+            .data
+            .get("status")
+            .and_then(|status| status.get("defaultUser"));
+        let reference = |field: &str| {
+            default_user
+                .and_then(|user| user.get(field))
+                .and_then(|reference| reference.get("name"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        Self {
+            secret: reference("secretReference").unwrap_or_else(|| format!("{name}-default-user")),
+            service: reference("serviceReference").unwrap_or(name),
+        }
+    }
+}
+
+/// The management API behind a cluster's Service: its `management` port over http, or
+/// its `management-tls` port over https; 15672 when the Service names neither.
+pub fn management_url(service_name: &str, namespace: &str, service: &Service) -> String {
+    let ports = service
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.ports.as_deref())
+        .unwrap_or_default();
+    let port = |name: &str| {
+        ports
+            .iter()
+            .find(|p| p.name.as_deref() == Some(name))
+            .map(|p| p.port)
+    };
+    let (scheme, port) = match (port("management"), port("management-tls")) {
+        (Some(port), _) => ("http", port),
+        (None, Some(port)) => ("https", port),
+        (None, None) => ("http", 15672),
+    };
+    format!("{scheme}://{service_name}.{namespace}.svc:{port}")
+}
+
+/// A Secret that must exist; `wanted` says what it should hold when it does not.
+pub async fn get_secret(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    wanted: &str,
+) -> Result<Secret, Error> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    secrets
+        .get_opt(name)
+        .await
+        .map_err(|e| Error::kube(format!("read Secret {namespace}/{name}"), e))?
+        .ok_or_else(|| Error::MissingSecret {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            wanted: wanted.to_string(),
+        })
+}
+
+/// The value of `key`, from `data` or `stringData`, as text.
+pub fn secret_value(secret: &Secret, key: &str) -> Option<String> {
+    if let Some(bytes) = secret.data.as_ref().and_then(|data| data.get(key)) {
+        return String::from_utf8(bytes.0.clone()).ok();
+    }
+    secret
+        .string_data
+        .as_ref()
+        .and_then(|data| data.get(key))
+        .cloned()
+}
+
+/// The value of `key`, or an error that names the Secret, the key and what belongs there.
+pub fn required_key(
+    secret: &Secret,
+    namespace: &str,
+    key: &str,
+    what: &str,
+) -> Result<String, Error> {
+    secret_value(secret, key)
+        .filter(|value| !value.is_empty())
+        .ok_or_else(|| Error::MissingSecretKey {
+            namespace: namespace.to_string(),
+            name: secret.name_any(),
+            key: key.to_string(),
+            what: what.to_string(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+    use serde_json::json;
+
+    fn service(ports: &[(&str, i32)]) -> Service {
+        Service {
+            spec: Some(ServiceSpec {
+                ports: Some(
+                    ports
+                        .iter()
+                        .map(|(name, port)| ServicePort {
+                            name: Some(name.to_string()),
+                            port: *port,
+                            ..ServicePort::default()
+                        })
+                        .collect(),
+                ),
+                ..ServiceSpec::default()
+            }),
+            ..Service::default()
+        }
+    }
+
+    #[test]
+    fn the_management_port_is_found_by_name() {
+        let plain = service(&[("amqp", 5672), ("management", 15672)]);
+        assert_eq!(
+            management_url("rmq", "data", &plain),
+            "http://rmq.data.svc:15672"
+        );
+        let tls = service(&[("amqps", 5671), ("management-tls", 15671)]);
+        assert_eq!(
+            management_url("rmq", "data", &tls),
+            "https://rmq.data.svc:15671"
+        );
+        assert_eq!(
+            management_url("rmq", "data", &Service::default()),
+            "http://rmq.data.svc:15672"
+        );
+    }
+
+    #[test]
+    fn cluster_names_come_from_the_status_or_the_convention() {
+        let resource = rabbitmq_cluster_resource();
+        let mut cluster = DynamicObject::new("rmq", &resource);
+        assert_eq!(
+            ClusterNames::of(&cluster),
+            ClusterNames {
+                secret: "rmq-default-user".into(),
+                service: "rmq".into()
+            }
+        );
+        cluster.data = json!({"status": {"defaultUser": {
+            "secretReference": {"name": "custom-user"},
+            "serviceReference": {"name": "custom-svc"}
+        }}});
+        assert_eq!(
+            ClusterNames::of(&cluster),
+            ClusterNames {
+                secret: "custom-user".into(),
+                service: "custom-svc".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_missing_or_empty_key_is_named() {
+        let mut secret = Secret::default();
+        secret.metadata.name = Some("conn".into());
+        secret.data = Some([("uri".to_string(), ByteString(b"http://h".to_vec()))].into());
+        secret.string_data = Some([("username".to_string(), String::new())].into());
+        assert_eq!(secret_value(&secret, "uri").as_deref(), Some("http://h"));
+        let err = required_key(&secret, "shop", "username", "the user")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "Secret shop/conn has no key \"username\"; add the user under that key"
+        );
+    }
+}

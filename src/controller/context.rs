@@ -1,0 +1,142 @@
+//! What every reconcile shares: the Kubernetes client, the event recorder, the metrics,
+//! the settings, and each pipeline's count of failures in a row for its backoff.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+use super::meta::FIELD_MANAGER;
+use super::metrics::Metrics;
+
+/// The first delay after a transient failure; it doubles with each failure in a row.
+pub const FIRST_BACKOFF: Duration = Duration::from_secs(5);
+/// The longest delay after transient failures.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// How the controller was told to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The worker image when a pipeline names none: the operator's own.
+    pub worker_image: String,
+    /// How often every pipeline is compared with RabbitMQ even when nothing changed in
+    /// Kubernetes, and how long a pipeline that cannot work waits before it is tried
+    /// again (a change of it, or of a Secret it names, tries it at once).
+    pub resync_interval: Duration,
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    pub settings: Settings,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        metrics: Metrics,
+        settings: Settings,
+        instance: Option<String>,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.to_string(),
+            instance,
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            settings,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The delay before the next try of `key` after one more transient failure: 5s,
+    /// 10s, 20s, … up to 5 minutes.
+    pub fn next_backoff(&self, key: &str) -> Duration {
+        let mut failures = self
+            .failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = failures.entry(key.to_string()).or_insert(0);
+        let delay = backoff_after(*count);
+        *count = count.saturating_add(1);
+        delay
+    }
+
+    /// Forgets `key`'s failures after a success.
+    pub fn reset_backoff(&self, key: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(key);
+    }
+
+    /// Publishes an event about `regarding`; a failure to publish is logged, since an
+    /// event is never worth failing a reconcile for.
+    pub async fn publish(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(truncate(note, 1000)),
+            action: action.to_string(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, regarding).await {
+            tracing::warn!(error = %e, reason, "could not publish an event");
+        }
+    }
+}
+
+/// The delay after `failures` transient failures in a row.
+pub fn backoff_after(failures: u32) -> Duration {
+    FIRST_BACKOFF
+        .saturating_mul(2u32.saturating_pow(failures.min(16)))
+        .min(MAX_BACKOFF)
+}
+
+/// `text` cut to at most `max` bytes at a character boundary (an event's note may hold
+/// at most 1 kB).
+fn truncate(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max.saturating_sub(3);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str("...");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        let delays: Vec<u64> = (0..9).map(|n| backoff_after(n).as_secs()).collect();
+        assert_eq!(delays, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+        assert_eq!(backoff_after(u32::MAX), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn long_notes_are_cut_at_a_character_boundary() {
+        let cut = truncate("é".repeat(600), 1000);
+        assert!(cut.len() <= 1000 && cut.ends_with("..."));
+        assert_eq!(truncate("short".into(), 1000), "short");
+    }
+}

@@ -1,0 +1,219 @@
+//! The worker Deployment of a pipeline, as a pure function of the pipeline and what the
+//! operator resolved for it.
+//!
+//! The env names are the worker's contract (`mailer worker` reads them); secrets only
+//! ever reach the pod by `secretKeyRef`, never inline.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector,
+    SecurityContext,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use ring::digest::{SHA256, digest};
+
+use super::error::Error;
+use super::meta::{owned_meta, selector_labels};
+use super::worker_user::{self, URL_KEY};
+use crate::spec::MailerPipeline;
+
+/// The pod-template annotation with the hash of the Secrets the workers read: when one
+/// of them changes, so does the template, and the workers roll.
+pub const SECRETS_HASH_ANNOTATION: &str = "mailer.dev/secrets-hash";
+/// Where the worker serves `/livez`, `/readyz` and `/metrics`.
+pub const WORKER_HTTP_ADDR: &str = "0.0.0.0:8080";
+const WORKER_HTTP_PORT: i32 = 8080;
+const CONTAINER_NAME: &str = "worker";
+
+/// What the Deployment needs besides the pipeline.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerInputs<'a> {
+    /// The image when `spec.worker.image` is absent: the operator's own.
+    pub default_image: &'a str,
+    /// [`secrets_hash`] of the Secrets the workers read.
+    pub secrets_hash: &'a str,
+}
+
+/// The name of a pipeline's worker Deployment.
+pub fn deployment_name(pipeline: &MailerPipeline) -> String {
+    format!("{}-worker", pipeline.name_any())
+}
+
+/// The worker Deployment the pipeline asks for.
+pub fn desired_deployment(
+    pipeline: &MailerPipeline,
+    inputs: WorkerInputs<'_>,
+) -> Result<Deployment, Error> {
+    let spec = &pipeline.spec;
+    let worker = &spec.worker;
+    let topology = &spec.topology;
+    let metadata = owned_meta(pipeline, deployment_name(pipeline))?;
+
+    let secret_env = |name: &str, secret: &str, key: &str| EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.to_string(),
+                key: key.to_string(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    };
+    let plain_env = |name: &str, value: String| EnvVar {
+        name: name.to_string(),
+        value: Some(value),
+        ..EnvVar::default()
+    };
+    let mut env = vec![secret_env(
+        "MAIL_AMQP_URL",
+        &worker_user::secret_name(pipeline),
+        URL_KEY,
+    )];
+    if let Some(provider) = &worker.provider {
+        let selector = &provider.url_secret_key_ref;
+        env.push(secret_env(
+            "MAIL_PROVIDER_URL",
+            &selector.name,
+            &selector.key,
+        ));
+    }
+    env.extend([
+        plain_env("MAIL_MAX_ATTEMPTS", worker.max_attempts.to_string()),
+        plain_env("MAIL_PREFETCH", worker.prefetch.to_string()),
+        plain_env("MAIL_QUEUE", topology.queue.clone()),
+        plain_env("MAIL_RETRY_EXCHANGE", topology.retry_exchange.clone()),
+        plain_env("MAIL_DEAD_EXCHANGE", topology.dead_exchange.clone()),
+        // Requests are routed by the send queue's name (see topology::desired).
+        plain_env("MAIL_SEND_KEY", topology.queue.clone()),
+        plain_env("MAIL_HTTP_ADDR", WORKER_HTTP_ADDR.to_string()),
+        plain_env("MAIL_LOG_FORMAT", "json".to_string()),
+    ]);
+
+    let probe = |path: &str, period: i32, failures: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_string()),
+            port: IntOrString::String("http".to_string()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        ..Probe::default()
+    };
+    let container = Container {
+        name: CONTAINER_NAME.to_string(),
+        image: Some(
+            worker
+                .image
+                .clone()
+                .unwrap_or_else(|| inputs.default_image.to_string()),
+        ),
+        image_pull_policy: worker.image_pull_policy.map(|p| p.as_str().to_string()),
+        args: Some(vec!["worker".to_string()]),
+        env: Some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".to_string()),
+            container_port: WORKER_HTTP_PORT,
+            protocol: Some("TCP".to_string()),
+            ..ContainerPort::default()
+        }]),
+        liveness_probe: Some(probe("/livez", 10, 3)),
+        readiness_probe: Some(probe("/readyz", 5, 2)),
+        resources: worker.resources.clone(),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            read_only_root_filesystem: Some(true),
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_string()]),
+                ..Capabilities::default()
+            }),
+            seccomp_profile: Some(runtime_default_seccomp()),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    };
+
+    let mut annotations = worker.pod_annotations.clone().unwrap_or_default();
+    annotations.insert(
+        SECRETS_HASH_ANNOTATION.to_string(),
+        inputs.secrets_hash.to_string(),
+    );
+    let template = PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: metadata.labels.clone(),
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
+        }),
+        spec: Some(PodSpec {
+            containers: vec![container],
+            service_account_name: worker.service_account_name.clone(),
+            node_selector: worker.node_selector.clone(),
+            tolerations: worker.tolerations.clone(),
+            affinity: worker.affinity.clone(),
+            image_pull_secrets: worker.image_pull_secrets.clone(),
+            termination_grace_period_seconds: Some(worker.termination_grace_period_seconds),
+            // The worker needs no Kubernetes API access.
+            automount_service_account_token: Some(false),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                seccomp_profile: Some(runtime_default_seccomp()),
+                ..PodSecurityContext::default()
+            }),
+            ..PodSpec::default()
+        }),
+    };
+    Ok(Deployment {
+        metadata,
+        spec: Some(DeploymentSpec {
+            replicas: Some(worker.replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(pipeline)),
+                ..LabelSelector::default()
+            },
+            template,
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    })
+}
+
+fn runtime_default_seccomp() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".to_string(),
+        ..SeccompProfile::default()
+    }
+}
+
+/// A hash of the data of `secrets` (names, keys and values), in hex. Order does not
+/// matter; a missing Secret is simply not part of it.
+pub fn secrets_hash(secrets: &[&Secret]) -> String {
+    let mut entries: BTreeMap<(String, String), Vec<u8>> = BTreeMap::new();
+    for secret in secrets {
+        for (key, value) in secret.data.iter().flatten() {
+            entries.insert((secret.name_any(), key.clone()), value.0.clone());
+        }
+        for (key, value) in secret.string_data.iter().flatten() {
+            entries.insert((secret.name_any(), key.clone()), value.as_bytes().to_vec());
+        }
+    }
+    let mut input = Vec::new();
+    for ((name, key), value) in &entries {
+        for part in [name.as_bytes(), key.as_bytes(), value.as_slice()] {
+            input.extend_from_slice(&(part.len() as u64).to_be_bytes());
+            input.extend_from_slice(part);
+        }
+    }
+    digest(&SHA256, &input)
+        .as_ref()
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

@@ -1,0 +1,155 @@
+//! Why a reconcile failed, in words a user can act on and in a bounded category for
+//! metric labels and event reasons.
+
+use crate::spec::InvalidSpec;
+use crate::topology::TopologyError;
+
+/// Why a reconcile of a pipeline failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    InvalidSpec(#[from] InvalidSpec),
+    #[error("Secret {namespace}/{name} does not exist; create it with {wanted}")]
+    MissingSecret {
+        namespace: String,
+        name: String,
+        /// What the Secret should hold, e.g. "the keys uri, username and password".
+        wanted: String,
+    },
+    #[error("Secret {namespace}/{name} has no key {key:?}; add {what} under that key")]
+    MissingSecretKey {
+        namespace: String,
+        name: String,
+        key: String,
+        /// What the key should hold, e.g. "the provider URL".
+        what: String,
+    },
+    #[error("RabbitmqCluster {namespace}/{name}: {problem}")]
+    Cluster {
+        namespace: String,
+        name: String,
+        problem: String,
+    },
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+    #[error("the Kubernetes API failed to {action}: {source}")]
+    Kube {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the MailerPipeline has no {0}")]
+    IncompleteObject(&'static str),
+}
+
+/// Every category an [`Error`] can have, e.g. to describe the metric label's values.
+pub const CATEGORIES: &[&str] = &[
+    "invalid-spec",
+    "missing-secret",
+    "missing-secret-key",
+    "cluster",
+    "bad-endpoint",
+    "unreachable",
+    "unauthorized",
+    "forbidden",
+    "refused",
+    "conflict",
+    "kube-api",
+    "incomplete-object",
+];
+
+impl Error {
+    pub fn kube(action: impl Into<String>, source: kube::Error) -> Self {
+        Self::Kube {
+            action: action.into(),
+            source,
+        }
+    }
+
+    /// A bounded name for the kind of error: one of [`CATEGORIES`].
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::InvalidSpec(_) => "invalid-spec",
+            Self::MissingSecret { .. } => "missing-secret",
+            Self::MissingSecretKey { .. } => "missing-secret-key",
+            Self::Cluster { .. } => "cluster",
+            Self::Topology(TopologyError::InvalidSpec(_)) => "invalid-spec",
+            Self::Topology(e) => e.category(),
+            Self::Kube { .. } => "kube-api",
+            Self::IncompleteObject(_) => "incomplete-object",
+        }
+    }
+
+    /// The category in the PascalCase Kubernetes uses for event and condition reasons,
+    /// e.g. `MissingSecretKey`.
+    pub fn reason(&self) -> String {
+        pascal_case(self.category())
+    }
+
+    /// Whether trying again soon, with nothing changed, may succeed. Other errors wait
+    /// for a change of the pipeline or of a Secret it names (both are watched), or for
+    /// the periodic resync.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Topology(e) => e.is_transient(),
+            Self::Kube { source, .. } => match source {
+                kube::Error::Api(status) => matches!(status.code, 409 | 429 | 500..),
+                _ => true,
+            },
+            // The cluster-operator may still be creating the cluster's Secret or Service.
+            Self::Cluster { .. } => true,
+            Self::InvalidSpec(_)
+            | Self::MissingSecret { .. }
+            | Self::MissingSecretKey { .. }
+            | Self::IncompleteObject(_) => false,
+        }
+    }
+}
+
+/// `missing-secret-key` as `MissingSecretKey`.
+pub fn pascal_case(kebab: &str) -> String {
+    kebab
+        .split('-')
+        .map(|word| {
+            let mut chars = word.chars();
+            match chars.next() {
+                Some(first) => first.to_uppercase().chain(chars).collect(),
+                None => String::new(),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn categories_are_bounded_and_read_as_reasons() {
+        let missing = Error::MissingSecretKey {
+            namespace: "shop".into(),
+            name: "smtp".into(),
+            key: "url".into(),
+            what: "the provider URL".into(),
+        };
+        assert!(CATEGORIES.contains(&missing.category()));
+        assert_eq!(missing.reason(), "MissingSecretKey");
+        assert_eq!(
+            missing.to_string(),
+            "Secret shop/smtp has no key \"url\"; add the provider URL under that key"
+        );
+        assert!(!missing.is_transient());
+        let unreachable = Error::from(TopologyError::Unreachable {
+            endpoint: "http://u:***@h:15672/api".into(),
+            reason: "refused".into(),
+        });
+        assert!(CATEGORIES.contains(&unreachable.category()));
+        assert!(unreachable.is_transient());
+        let conflict = Error::from(TopologyError::Conflict {
+            vhost: "v".into(),
+            conflicts: vec![],
+        });
+        assert_eq!(conflict.reason(), "Conflict");
+        assert!(!conflict.is_transient());
+    }
+}

@@ -1,0 +1,225 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease: one replica reconciles, the
+//! others stand by and take over when the leader stops renewing.
+//!
+//! The Lease is written with its `resourceVersion`, so of two replicas that both see it
+//! free, the API server lets exactly one write succeed (the other gets 409 Conflict).
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, PostParams};
+
+/// What a replica should do about the Lease as it found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nobody holds it, or its holder let it expire: take it.
+    Acquire,
+    /// We hold it: renew it.
+    Renew,
+    /// Someone else holds it and renews it.
+    StandBy { holder: String },
+}
+
+/// The verdict for `identity` at `now`, from the Lease's spec (absent: no Lease yet).
+pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Verdict {
+    let Some(spec) = spec else {
+        return Verdict::Acquire;
+    };
+    let holder = spec.holder_identity.as_deref().unwrap_or_default();
+    if holder.is_empty() {
+        return Verdict::Acquire;
+    }
+    if holder == identity {
+        return Verdict::Renew;
+    }
+    let duration = SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(0)));
+    let renewed = spec
+        .renew_time
+        .as_ref()
+        .or(spec.acquire_time.as_ref())
+        .map(|t| t.0);
+    match renewed {
+        Some(renewed) if renewed + duration > now => Verdict::StandBy {
+            holder: holder.to_string(),
+        },
+        _ => Verdict::Acquire,
+    }
+}
+
+/// The Lease spec after `identity` acquires or renews `previous` at `now`.
+pub fn next_spec(
+    previous: Option<&LeaseSpec>,
+    identity: &str,
+    duration: Duration,
+    now: Timestamp,
+) -> LeaseSpec {
+    let held = previous.is_some_and(|p| p.holder_identity.as_deref() == Some(identity));
+    let transitions = previous.and_then(|p| p.lease_transitions).unwrap_or(0);
+    LeaseSpec {
+        holder_identity: Some(identity.to_string()),
+        lease_duration_seconds: Some(i32::try_from(duration.as_secs()).unwrap_or(i32::MAX)),
+        acquire_time: if held {
+            previous.and_then(|p| p.acquire_time.clone())
+        } else {
+            Some(MicroTime(now))
+        },
+        renew_time: Some(MicroTime(now)),
+        lease_transitions: Some(if held || previous.is_none() {
+            transitions
+        } else {
+            transitions.saturating_add(1)
+        }),
+        ..LeaseSpec::default()
+    }
+}
+
+/// One replica's side of the election.
+pub struct LeaderElection {
+    api: Api<Lease>,
+    lease_name: String,
+    identity: String,
+    lease_duration: Duration,
+}
+
+impl LeaderElection {
+    pub fn new(
+        api: Api<Lease>,
+        lease_name: &str,
+        identity: &str,
+        lease_duration: Duration,
+    ) -> Self {
+        Self {
+            api,
+            lease_name: lease_name.to_string(),
+            identity: identity.to_string(),
+            lease_duration,
+        }
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Acquires or renews the Lease when this replica may; returns whether it leads now.
+    /// Losing a race for the Lease is not an error: it means another replica leads.
+    pub async fn try_lead(&self) -> Result<bool, kube::Error> {
+        let now = Timestamp::now();
+        let found = self.api.get_opt(&self.lease_name).await?;
+        let previous = found.as_ref().and_then(|lease| lease.spec.as_ref());
+        match decide(previous, &self.identity, now) {
+            Verdict::StandBy { .. } => return Ok(false),
+            Verdict::Acquire | Verdict::Renew => {}
+        }
+        let spec = next_spec(previous, &self.identity, self.lease_duration, now);
+        let written = match found {
+            None => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(self.lease_name.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    spec: Some(spec),
+                };
+                self.api.create(&PostParams::default(), &lease).await
+            }
+            Some(mut lease) => {
+                // Keeps metadata.resourceVersion: the write fails if anyone wrote since.
+                lease.spec = Some(spec);
+                self.api
+                    .replace(&self.lease_name, &PostParams::default(), &lease)
+                    .await
+            }
+        };
+        match written {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Who holds the Lease now, if anyone.
+    pub async fn holder(&self) -> Result<Option<String>, kube::Error> {
+        let lease = self.api.get_opt(&self.lease_name).await?;
+        Ok(lease
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .filter(|h| !h.is_empty()))
+    }
+
+    /// Gives the Lease up, so a standby takes over at once instead of after it expires.
+    pub async fn release(&self) -> Result<(), kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.lease_name).await? else {
+            return Ok(());
+        };
+        let ours = lease
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.holder_identity.as_deref() == Some(self.identity.as_str()));
+        if !ours {
+            return Ok(());
+        }
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.holder_identity = None;
+            spec.acquire_time = None;
+            spec.renew_time = None;
+        }
+        self.api
+            .replace(&self.lease_name, &PostParams::default(), &lease)
+            .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(seconds).unwrap()
+    }
+
+    fn held_by(holder: &str, renewed: i64) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(MicroTime(at(renewed))),
+            acquire_time: Some(MicroTime(at(0))),
+            lease_transitions: Some(2),
+            ..LeaseSpec::default()
+        }
+    }
+
+    #[test]
+    fn a_free_or_expired_lease_is_taken_and_a_live_one_is_not() {
+        assert_eq!(decide(None, "a", at(100)), Verdict::Acquire);
+        assert_eq!(
+            decide(Some(&LeaseSpec::default()), "a", at(100)),
+            Verdict::Acquire
+        );
+        let b = held_by("b", 90);
+        assert_eq!(
+            decide(Some(&b), "a", at(100)),
+            Verdict::StandBy { holder: "b".into() }
+        );
+        assert_eq!(decide(Some(&b), "a", at(106)), Verdict::Acquire);
+        assert_eq!(decide(Some(&b), "b", at(200)), Verdict::Renew);
+    }
+
+    #[test]
+    fn taking_over_counts_a_transition_and_renewing_does_not() {
+        let b = held_by("b", 90);
+        let taken = next_spec(Some(&b), "a", Duration::from_secs(15), at(120));
+        assert_eq!(taken.holder_identity.as_deref(), Some("a"));
+        assert_eq!(taken.lease_transitions, Some(3));
+        assert_eq!(taken.acquire_time, Some(MicroTime(at(120))));
+        let renewed = next_spec(Some(&taken), "a", Duration::from_secs(15), at(125));
+        assert_eq!(renewed.lease_transitions, Some(3));
+        assert_eq!(renewed.acquire_time, Some(MicroTime(at(120))));
+        assert_eq!(renewed.renew_time, Some(MicroTime(at(125))));
+        assert_eq!(renewed.lease_duration_seconds, Some(15));
+        let first = next_spec(None, "a", Duration::from_secs(15), at(1));
+        assert_eq!(first.lease_transitions, Some(0));
+    }
+}

@@ -1,0 +1,200 @@
+//! The controller's Prometheus metrics, served at `/metrics` by [`crate::telemetry`].
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcileLabels {
+    /// `success` or `error`.
+    pub result: &'static str,
+    /// The error's category (see `Error::category`), or `none`.
+    pub category: String,
+}
+
+/// Which of a pipeline's queues a depth is of.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum QueueRole {
+    Send,
+    Retry,
+    Dead,
+}
+
+impl QueueRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Send => "send",
+            Self::Retry => "retry",
+            Self::Dead => "dead",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabels {
+    pub namespace: String,
+    pub pipeline: String,
+    /// `send`, `retry` or `dead`.
+    pub queue: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PipelineLabels {
+    pub namespace: String,
+    pub pipeline: String,
+}
+
+#[derive(Clone)]
+struct DurationHistogram;
+
+impl MetricConstructor<Histogram> for DurationHistogram {
+    fn new_metric(&self) -> Histogram {
+        // 10 ms to about 82 s.
+        Histogram::new(exponential_buckets(0.01, 2.0, 14))
+    }
+}
+
+/// Every metric the controller exports.
+#[derive(Clone)]
+pub struct Metrics {
+    reconciles: Family<ReconcileLabels, Counter>,
+    reconcile_duration: Family<ReconcileLabels, Histogram, DurationHistogram>,
+    queue_messages: Family<QueueLabels, Gauge>,
+    drift_repairs: Family<PipelineLabels, Counter>,
+    leader: Gauge,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them in `registry` under `mailer_controller_`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            reconciles: Family::default(),
+            reconcile_duration: Family::new_with_constructor(DurationHistogram),
+            queue_messages: Family::default(),
+            drift_repairs: Family::default(),
+            leader: Gauge::default(),
+        };
+        let registry = registry.sub_registry_with_prefix("mailer_controller");
+        registry.register(
+            "reconciles",
+            "Reconciles of MailerPipelines, by result and error category",
+            metrics.reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "How long reconciles of MailerPipelines took",
+            metrics.reconcile_duration.clone(),
+        );
+        registry.register(
+            "queue_messages",
+            "Messages in each queue of each pipeline, as RabbitMQ's management API last counted them",
+            metrics.queue_messages.clone(),
+        );
+        registry.register(
+            "drift_repairs",
+            "Reconciles that found RabbitMQ or the worker Deployment changed behind the operator's back and put them right",
+            metrics.drift_repairs.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease and reconciles, else 0",
+            metrics.leader.clone(),
+        );
+        metrics
+    }
+
+    pub fn reconciled(&self, outcome: Result<(), &'static str>, took: Duration) {
+        let labels = match outcome {
+            Ok(()) => ReconcileLabels {
+                result: "success",
+                category: "none".to_string(),
+            },
+            Err(category) => ReconcileLabels {
+                result: "error",
+                category: category.to_string(),
+            },
+        };
+        self.reconciles.get_or_create(&labels).inc();
+        self.reconcile_duration
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn set_queue_depth(&self, namespace: &str, pipeline: &str, queue: QueueRole, depth: i64) {
+        self.queue_messages
+            .get_or_create(&QueueLabels {
+                namespace: namespace.to_string(),
+                pipeline: pipeline.to_string(),
+                queue: queue.as_str(),
+            })
+            .set(depth);
+    }
+
+    pub fn drift_repaired(&self, namespace: &str, pipeline: &str) {
+        self.drift_repairs
+            .get_or_create(&PipelineLabels {
+                namespace: namespace.to_string(),
+                pipeline: pipeline.to_string(),
+            })
+            .inc();
+    }
+
+    /// Drops a deleted pipeline's series, so they do not linger at their last value.
+    pub fn forget(&self, namespace: &str, pipeline: &str) {
+        for queue in [QueueRole::Send, QueueRole::Retry, QueueRole::Dead] {
+            self.queue_messages.remove(&QueueLabels {
+                namespace: namespace.to_string(),
+                pipeline: pipeline.to_string(),
+                queue: queue.as_str(),
+            });
+        }
+        self.drift_repairs.remove(&PipelineLabels {
+            namespace: namespace.to_string(),
+            pipeline: pipeline.to_string(),
+        });
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(registry: &Registry) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+        out
+    }
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        metrics.reconciled(Ok(()), Duration::from_millis(20));
+        metrics.reconciled(Err("unreachable"), Duration::from_millis(20));
+        metrics.set_queue_depth("prod", "shop", QueueRole::Dead, 7);
+        metrics.drift_repaired("prod", "shop");
+        metrics.set_leader(true);
+        let out = text(&registry);
+        for line in [
+            r#"mailer_controller_reconciles_total{result="success",category="none"} 1"#,
+            r#"mailer_controller_reconciles_total{result="error",category="unreachable"} 1"#,
+            r#"mailer_controller_queue_messages{namespace="prod",pipeline="shop",queue="dead"} 7"#,
+            r#"mailer_controller_drift_repairs_total{namespace="prod",pipeline="shop"} 1"#,
+            "mailer_controller_leader 1",
+            "mailer_controller_reconcile_duration_seconds_bucket",
+        ] {
+            assert!(out.contains(line), "{line} missing from\n{out}");
+        }
+        metrics.forget("prod", "shop");
+        assert!(!text(&registry).contains(r#"pipeline="shop",queue"#));
+    }
+}

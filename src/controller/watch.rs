@@ -1,0 +1,173 @@
+//! What triggers a reconcile: a change of a pipeline, of what it owns (its worker
+//! Deployment and Secret), of a Secret it names, and the periodic resync.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::runtime::controller::Controller;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use tokio::sync::watch as signal;
+
+use super::context::Context;
+use super::meta::managed_by_selector;
+use super::reconcile::{error_policy, reconcile};
+use crate::spec::MailerPipeline;
+use crate::telemetry::Health;
+
+/// How often the heartbeat of `/livez` is given while controllers run.
+const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// Runs one controller per namespace (one for all when `namespaces` is empty) until
+/// `stop` or `lost` turns true; reconciles in flight then finish.
+pub async fn run_controllers(
+    client: Client,
+    namespaces: &[String],
+    ctx: Arc<Context>,
+    health: &Health,
+    stop: signal::Receiver<bool>,
+    lost: signal::Receiver<bool>,
+) {
+    let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().map(|ns| Some(ns.as_str())).collect()
+    };
+    let mut stores = Vec::new();
+    let mut streams = Vec::new();
+    for scope in scopes {
+        let controller = controller_for(&client, scope);
+        stores.push(controller.store());
+        let shutdown = shutdown_signal(stop.clone(), lost.clone());
+        let stream = controller
+            .graceful_shutdown_on(shutdown)
+            .run(reconcile, error_policy, ctx.clone())
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "controller event");
+                }
+            });
+        streams.push(stream);
+    }
+    let all = futures::future::join_all(streams);
+    tokio::pin!(all);
+    let synced = futures::future::join_all(stores.iter().map(Store::wait_until_ready));
+    tokio::pin!(synced);
+    let mut is_synced = false;
+    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    loop {
+        tokio::select! {
+            _ = &mut all => break,
+            _ = &mut synced, if !is_synced => {
+                is_synced = true;
+                health.set_ready(true);
+                tracing::info!("caches synced: ready");
+            }
+            _ = heartbeat.tick() => health.beat(),
+        }
+    }
+}
+
+fn controller_for(client: &Client, namespace: Option<&str>) -> Controller<MailerPipeline> {
+    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let owned = watcher::Config::default().labels(&managed_by_selector());
+    let controller = Controller::new(
+        api::<MailerPipeline>(client, namespace),
+        watcher::Config::default(),
+    );
+    let pipelines = controller.store();
+    controller
+        .owns(api::<Deployment>(client, namespace), owned.clone())
+        .owns(api::<Secret>(client, namespace), owned)
+        .watches(
+            api::<Secret>(client, namespace),
+            watcher::Config::default(),
+            move |secret| pipelines_naming(&pipelines, &secret),
+        )
+}
+
+fn pipelines_naming(
+    pipelines: &Store<MailerPipeline>,
+    secret: &Secret,
+) -> Vec<ObjectRef<MailerPipeline>> {
+    let namespace = secret.namespace().unwrap_or_default();
+    let name = secret.name_any();
+    pipelines
+        .state()
+        .iter()
+        .filter(|p| names_secret(p, &namespace, &name))
+        .map(|p| ObjectRef::from_obj(p.as_ref()))
+        .collect()
+}
+
+/// Whether `pipeline` reads the Secret `namespace/name`: its connection Secret, its
+/// provider's, its workers' user's, or its RabbitmqCluster's default user's.
+pub fn names_secret(pipeline: &MailerPipeline, namespace: &str, name: &str) -> bool {
+    let own_namespace = pipeline.namespace().unwrap_or_default();
+    let spec = &pipeline.spec;
+    let in_own = own_namespace == namespace
+        && [
+            spec.rabbitmq
+                .connection_secret
+                .as_ref()
+                .map(|s| s.name.as_str()),
+            spec.worker
+                .provider
+                .as_ref()
+                .map(|p| p.url_secret_key_ref.name.as_str()),
+            spec.worker.user_secret.as_ref().map(|s| s.name.as_str()),
+        ]
+        .contains(&Some(name));
+    let of_cluster = spec.rabbitmq.cluster_ref.as_ref().is_some_and(|cluster| {
+        cluster.namespace.as_deref().unwrap_or(&own_namespace) == namespace
+            && name == format!("{}-default-user", cluster.name)
+    });
+    in_own || of_cluster
+}
+
+async fn shutdown_signal(mut stop: signal::Receiver<bool>, mut lost: signal::Receiver<bool>) {
+    tokio::select! {
+        _ = stop.wait_for(|stopped| *stopped) => {}
+        _ = lost.wait_for(|lost| *lost) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pipeline(yaml: &str) -> MailerPipeline {
+        let mut p = MailerPipeline::new("shop", serde_yaml::from_str(yaml).unwrap());
+        p.metadata.namespace = Some("prod".into());
+        p
+    }
+
+    #[test]
+    fn a_pipeline_is_told_of_the_secrets_it_reads() {
+        let p = pipeline(
+            "rabbitmq: {connectionSecret: {name: conn}}\n\
+             worker: {provider: {urlSecretKeyRef: {name: smtp, key: url}}, userSecret: {name: user}}",
+        );
+        for name in ["conn", "smtp", "user"] {
+            assert!(names_secret(&p, "prod", name), "{name}");
+        }
+        assert!(!names_secret(&p, "other", "conn"));
+        assert!(!names_secret(&p, "prod", "unrelated"));
+        let c = pipeline("rabbitmq: {clusterRef: {name: rmq, namespace: data}}");
+        assert!(names_secret(&c, "data", "rmq-default-user"));
+        assert!(!names_secret(&c, "prod", "rmq-default-user"));
+    }
+}

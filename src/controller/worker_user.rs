@@ -1,0 +1,254 @@
+//! The RabbitMQ user the workers connect as, and the Secret that hands it to them.
+//!
+//! Unless `spec.worker.userSecret` names an existing user, the operator makes one per
+//! pipeline, with a generated password that it keeps in a Secret the pipeline owns. The
+//! password is generated once: later reconciles read it back from that Secret. Either
+//! way the Secret holds the full AMQP URL the workers use (`MAIL_AMQP_URL`).
+
+use std::fmt;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Client, ResourceExt};
+use ring::rand::{SecureRandom, SystemRandom};
+
+use super::connection::{Broker, get_secret, required_key, secret_value};
+use super::error::Error;
+use super::meta::owned_meta;
+use crate::spec::MailerPipeline;
+use crate::topology::ManagementEndpoint;
+use crate::topology::live::amqp_url_for;
+
+pub const USERNAME_KEY: &str = "username";
+pub const PASSWORD_KEY: &str = "password";
+/// The key of the full AMQP URL, with credentials and vhost.
+pub const URL_KEY: &str = "url";
+/// On the worker Secret: `"true"` when the operator created the user (and so deletes it).
+pub const MANAGED_ANNOTATION: &str = "mailer.dev/user-managed";
+
+const PASSWORD_LENGTH: usize = 32;
+const PASSWORD_ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+
+/// The user the workers connect as.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WorkerCredentials {
+    pub username: String,
+    pub password: String,
+    /// Whether the operator creates, repairs and deletes this user.
+    pub managed: bool,
+}
+
+impl fmt::Debug for WorkerCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerCredentials")
+            .field("username", &self.username)
+            .field("password", &crate::redact::MASK)
+            .field("managed", &self.managed)
+            .finish()
+    }
+}
+
+/// The name of the Secret the pipeline owns that holds the workers' broker URL.
+pub fn secret_name(pipeline: &MailerPipeline) -> String {
+    format!("{}-worker-amqp", pipeline.name_any())
+}
+
+/// The user the operator makes for a pipeline. Namespaces hold no dots, so names of
+/// different pipelines never collide.
+pub fn managed_username(pipeline: &MailerPipeline) -> String {
+    format!(
+        "mailer-worker.{}.{}",
+        pipeline.namespace().unwrap_or_default(),
+        pipeline.name_any()
+    )
+}
+
+/// The workers' user: the one `spec.worker.userSecret` names, or the operator's own,
+/// whose password is read back from `existing` (the Secret the pipeline owns) and only
+/// generated when there is none yet.
+pub async fn credentials(
+    client: &Client,
+    pipeline: &MailerPipeline,
+    existing: Option<&Secret>,
+) -> Result<WorkerCredentials, Error> {
+    let Some(reference) = &pipeline.spec.worker.user_secret else {
+        return Ok(managed_credentials(pipeline, existing, generate_password));
+    };
+    let namespace = pipeline
+        .namespace()
+        .ok_or(Error::IncompleteObject("namespace"))?;
+    let wanted = "the keys username and password of the workers' RabbitMQ user";
+    let secret = get_secret(client, &namespace, &reference.name, wanted).await?;
+    Ok(WorkerCredentials {
+        username: required_key(&secret, &namespace, USERNAME_KEY, wanted)?,
+        password: required_key(&secret, &namespace, PASSWORD_KEY, wanted)?,
+        managed: false,
+    })
+}
+
+/// The operator's user, keeping the password `existing` holds for it.
+pub fn managed_credentials(
+    pipeline: &MailerPipeline,
+    existing: Option<&Secret>,
+    generate: impl FnOnce() -> String,
+) -> WorkerCredentials {
+    let username = managed_username(pipeline);
+    let kept = existing
+        .filter(|secret| secret_value(secret, USERNAME_KEY).as_deref() == Some(&username))
+        .and_then(|secret| secret_value(secret, PASSWORD_KEY))
+        .filter(|password| !password.is_empty());
+    WorkerCredentials {
+        password: kept.unwrap_or_else(generate),
+        username,
+        managed: true,
+    }
+}
+
+/// A random password of letters and digits, from the operating system's generator.
+pub fn generate_password() -> String {
+    let random = SystemRandom::new();
+    let mut password = String::with_capacity(PASSWORD_LENGTH);
+    let mut bytes = [0u8; 64];
+    while password.len() < PASSWORD_LENGTH {
+        if random.fill(&mut bytes).is_err() {
+            // The system generator does not fail on any platform ring supports; should it,
+            // an empty fill is retried rather than weakening the password.
+            continue;
+        }
+        // Bytes at or above the largest multiple of the alphabet's length are skipped, so
+        // every character is equally likely.
+        let limit = (256 / PASSWORD_ALPHABET.len() * PASSWORD_ALPHABET.len()) as u8;
+        for byte in bytes.iter().filter(|b| **b < limit) {
+            if password.len() == PASSWORD_LENGTH {
+                break;
+            }
+            password.push(char::from(
+                PASSWORD_ALPHABET[usize::from(*byte) % PASSWORD_ALPHABET.len()],
+            ));
+        }
+    }
+    password
+}
+
+/// The workers' AMQP URL: the broker's host, the workers' credentials, the vhost.
+pub fn amqp_url(
+    broker: &Broker,
+    credentials: &WorkerCredentials,
+    vhost: &str,
+) -> Result<String, Error> {
+    let endpoint = ManagementEndpoint::with_credentials(
+        &broker.management_url,
+        &credentials.username,
+        &credentials.password,
+    )?;
+    Ok(amqp_url_for(&endpoint, vhost))
+}
+
+/// The Secret the pipeline owns with the workers' user and URL.
+pub fn desired_secret(
+    pipeline: &MailerPipeline,
+    credentials: &WorkerCredentials,
+    amqp_url: &str,
+) -> Result<Secret, Error> {
+    let mut metadata = owned_meta(pipeline, secret_name(pipeline))?;
+    metadata.annotations = Some(
+        [(
+            MANAGED_ANNOTATION.to_string(),
+            credentials.managed.to_string(),
+        )]
+        .into(),
+    );
+    let entry = |key: &str, value: &str| (key.to_string(), ByteString(value.as_bytes().to_vec()));
+    Ok(Secret {
+        metadata,
+        type_: Some("Opaque".to_string()),
+        data: Some(
+            [
+                entry(USERNAME_KEY, &credentials.username),
+                entry(PASSWORD_KEY, &credentials.password),
+                entry(URL_KEY, amqp_url),
+            ]
+            .into(),
+        ),
+        ..Secret::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::MailerPipelineSpec;
+
+    fn pipeline() -> MailerPipeline {
+        let mut p = MailerPipeline::new("shop", MailerPipelineSpec::default());
+        p.metadata.namespace = Some("prod".into());
+        p.metadata.uid = Some("uid-1".into());
+        p
+    }
+
+    #[test]
+    fn the_password_is_generated_once_and_then_kept() {
+        let p = pipeline();
+        let first = managed_credentials(&p, None, || "generated".into());
+        assert_eq!(first.username, "mailer-worker.prod.shop");
+        assert_eq!(first.password, "generated");
+        assert!(first.managed);
+        let secret = desired_secret(&p, &first, "amqp://x").unwrap();
+        let again = managed_credentials(&p, Some(&secret), || panic!("must not regenerate"));
+        assert_eq!(again, first);
+    }
+
+    #[test]
+    fn a_secret_for_another_user_does_not_lend_its_password() {
+        let p = pipeline();
+        let other = WorkerCredentials {
+            username: "someone-else".into(),
+            password: "theirs".into(),
+            managed: false,
+        };
+        let secret = desired_secret(&p, &other, "amqp://x").unwrap();
+        let creds = managed_credentials(&p, Some(&secret), || "fresh".into());
+        assert_eq!(creds.password, "fresh");
+    }
+
+    #[test]
+    fn the_secret_holds_the_url_and_is_owned_by_the_pipeline() {
+        let p = pipeline();
+        let creds = managed_credentials(&p, None, || "pw".into());
+        let broker = Broker {
+            endpoint: ManagementEndpoint::with_credentials("http://rmq:15672", "admin", "a")
+                .unwrap(),
+            management_url: "http://rmq:15672".into(),
+        };
+        let url = amqp_url(&broker, &creds, "shop/eu").unwrap();
+        assert_eq!(
+            url,
+            "amqp://mailer%2Dworker%2Eprod%2Eshop:pw@rmq:5672/shop%2Feu"
+        );
+        let secret = desired_secret(&p, &creds, &url).unwrap();
+        assert_eq!(secret.metadata.name.as_deref(), Some("shop-worker-amqp"));
+        assert_eq!(
+            secret_value(&secret, URL_KEY).as_deref(),
+            Some(url.as_str())
+        );
+        let owner = &secret.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller),
+            ("MailerPipeline", Some(true))
+        );
+        assert_eq!(
+            secret.metadata.annotations.unwrap()[MANAGED_ANNOTATION],
+            "true"
+        );
+        assert!(!format!("{creds:?}").contains("pw\""));
+    }
+
+    #[test]
+    fn generated_passwords_are_long_alphanumeric_and_different() {
+        let a = generate_password();
+        let b = generate_password();
+        assert_eq!(a.len(), PASSWORD_LENGTH);
+        assert!(a.bytes().all(|c| c.is_ascii_alphanumeric()));
+        assert_ne!(a, b);
+    }
+}
