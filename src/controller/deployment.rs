@@ -217,3 +217,159 @@ pub fn secrets_hash(secrets: &[&Secret]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::ByteString;
+    use serde_json::{Value, json};
+
+    fn pipeline(yaml: &str) -> MailerPipeline {
+        let mut p = MailerPipeline::new("shop", serde_yaml::from_str(yaml).unwrap());
+        p.metadata.namespace = Some("prod".into());
+        p.metadata.uid = Some("uid-1".into());
+        p
+    }
+
+    fn deployment(yaml: &str) -> Value {
+        let inputs = WorkerInputs {
+            default_image: "reg/mailer:1.0",
+            secrets_hash: "abc",
+        };
+        serde_json::to_value(desired_deployment(&pipeline(yaml), inputs).unwrap()).unwrap()
+    }
+
+    fn env(d: &Value) -> Vec<(String, Value)> {
+        d["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let value = e
+                    .get("value")
+                    .cloned()
+                    .unwrap_or_else(|| e["valueFrom"].clone());
+                (e["name"].as_str().unwrap().to_string(), value)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_worker_gets_its_contract_env_with_secrets_by_reference() {
+        let d = deployment(
+            "topology: {queue: shop.out, retryExchange: shop.later, deadExchange: shop.dead}\n\
+             worker: {maxAttempts: 7, prefetch: 4, provider: {urlSecretKeyRef: {name: smtp, key: url}}}",
+        );
+        assert_eq!(
+            env(&d),
+            [
+                (
+                    "MAIL_AMQP_URL".to_string(),
+                    json!({"secretKeyRef": {"name": "shop-worker-amqp", "key": "url", "optional": false}})
+                ),
+                (
+                    "MAIL_PROVIDER_URL".to_string(),
+                    json!({"secretKeyRef": {"name": "smtp", "key": "url", "optional": false}})
+                ),
+                ("MAIL_MAX_ATTEMPTS".to_string(), json!("7")),
+                ("MAIL_PREFETCH".to_string(), json!("4")),
+                ("MAIL_QUEUE".to_string(), json!("shop.out")),
+                ("MAIL_RETRY_EXCHANGE".to_string(), json!("shop.later")),
+                ("MAIL_DEAD_EXCHANGE".to_string(), json!("shop.dead")),
+                ("MAIL_SEND_KEY".to_string(), json!("shop.out")),
+                ("MAIL_HTTP_ADDR".to_string(), json!("0.0.0.0:8080")),
+                ("MAIL_LOG_FORMAT".to_string(), json!("json")),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_pod_is_restricted_probed_and_runs_the_worker() {
+        let d = deployment("{}");
+        let pod = &d["spec"]["template"]["spec"];
+        let c = &pod["containers"][0];
+        assert_eq!(c["image"], "reg/mailer:1.0");
+        assert_eq!(c["args"], json!(["worker"]));
+        assert_eq!(
+            c["ports"],
+            json!([{"name": "http", "containerPort": 8080, "protocol": "TCP"}])
+        );
+        assert_eq!(
+            c["livenessProbe"]["httpGet"],
+            json!({"path": "/livez", "port": "http"})
+        );
+        assert_eq!(
+            c["readinessProbe"]["httpGet"],
+            json!({"path": "/readyz", "port": "http"})
+        );
+        assert_eq!(
+            c["securityContext"],
+            json!({"runAsNonRoot": true, "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+                   "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}})
+        );
+        assert_eq!(pod["terminationGracePeriodSeconds"], 120);
+        assert_eq!(pod["automountServiceAccountToken"], false);
+        assert_eq!(d["spec"]["replicas"], 1);
+        assert_eq!(
+            d["spec"]["selector"]["matchLabels"],
+            json!({"app.kubernetes.io/instance": "shop", "app.kubernetes.io/name": "mailer-worker"})
+        );
+        assert_eq!(d["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+        assert_eq!(d["metadata"]["name"], "shop-worker");
+        assert_eq!(
+            d["spec"]["template"]["metadata"]["annotations"][SECRETS_HASH_ANNOTATION],
+            "abc"
+        );
+    }
+
+    #[test]
+    fn pod_overrides_are_passed_through() {
+        let d = deployment(
+            "worker: {image: 'own/img:2', imagePullPolicy: IfNotPresent, replicas: 3, serviceAccountName: mail,\n\
+             nodeSelector: {disk: ssd}, tolerations: [{key: k, operator: Exists}],\n\
+             imagePullSecrets: [{name: reg}], podAnnotations: {a: b},\n\
+             resources: {requests: {cpu: 100m}}, terminationGracePeriodSeconds: 300,\n\
+             affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: zone, operator: In, values: [a]}]}]}}}}",
+        );
+        let pod = &d["spec"]["template"]["spec"];
+        let c = &pod["containers"][0];
+        assert_eq!(c["image"], "own/img:2");
+        assert_eq!(c["imagePullPolicy"], "IfNotPresent");
+        assert_eq!(c["resources"], json!({"requests": {"cpu": "100m"}}));
+        assert_eq!(pod["serviceAccountName"], "mail");
+        assert_eq!(pod["nodeSelector"], json!({"disk": "ssd"}));
+        assert_eq!(
+            pod["tolerations"],
+            json!([{"key": "k", "operator": "Exists"}])
+        );
+        assert_eq!(pod["imagePullSecrets"], json!([{"name": "reg"}]));
+        assert_eq!(pod["terminationGracePeriodSeconds"], 300);
+        assert_eq!(
+            pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+                [0]["matchExpressions"][0]["key"],
+            "zone"
+        );
+        assert_eq!(d["spec"]["replicas"], 3);
+        let annotations = &d["spec"]["template"]["metadata"]["annotations"];
+        assert_eq!(annotations["a"], "b");
+        assert_eq!(annotations[SECRETS_HASH_ANNOTATION], "abc");
+    }
+
+    #[test]
+    fn the_secrets_hash_changes_with_any_value_and_not_with_order() {
+        let secret = |name: &str, value: &str| {
+            let mut s = Secret::default();
+            s.metadata.name = Some(name.into());
+            s.data = Some([("url".to_string(), ByteString(value.as_bytes().to_vec()))].into());
+            s
+        };
+        let (a, b) = (secret("a", "1"), secret("b", "2"));
+        assert_eq!(secrets_hash(&[&a, &b]), secrets_hash(&[&b, &a]));
+        assert_ne!(
+            secrets_hash(&[&a, &b]),
+            secrets_hash(&[&a, &secret("b", "3")])
+        );
+        assert_ne!(secrets_hash(&[&a]), secrets_hash(&[&secret("a", "12")]));
+        assert_eq!(secrets_hash(&[&a]).len(), 32);
+    }
+}
