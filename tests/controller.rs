@@ -8,10 +8,16 @@
 
 #[path = "controller/broker.rs"]
 mod broker;
+#[path = "controller/e2e.rs"]
+mod e2e;
+#[path = "controller/failures.rs"]
+mod failures;
 #[path = "controller/fake_api.rs"]
 mod fake_api;
 #[path = "controller/flow.rs"]
 mod flow;
+#[path = "controller/harness.rs"]
+mod harness;
 
 use std::time::Duration;
 
@@ -211,5 +217,5 @@ async fn an_expired_lease_is_taken_over() {
 #[tokio::test]
 #[ignore = "needs a real cluster: set KUBECONFIG and run with --ignored"]
 async fn end_to_end_on_a_real_cluster() {
-    flow::end_to_end().await;
+    e2e::end_to_end().await;
 }

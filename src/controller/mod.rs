@@ -135,10 +135,10 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     metrics.set_leader(false);
     health.set_ready(false);
     let lost_lease = *lost.borrow();
-    if let Some((election, _)) = &election {
-        if let Err(e) = election.release().await {
-            tracing::warn!(error = %e, "could not release the leader Lease; a standby takes over when it expires");
-        }
+    if let Some((election, _)) = &election
+        && let Err(e) = election.release().await
+    {
+        tracing::warn!(error = %e, "could not release the leader Lease; a standby takes over when it expires");
     }
     if lost_lease {
         anyhow::bail!("lost the leader Lease to another replica; restarting as a standby");

@@ -1,0 +1,182 @@
+//! Failures: a broker or Secret that is gone, a missing key, a broker that does not
+//! answer, and finding a RabbitmqCluster.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use kube::runtime::controller::Action;
+use mailer::controller::error_policy;
+use serde_json::json;
+
+use super::broker::{CLOSED_MANAGEMENT_URL, MANAGEMENT_URL};
+use super::harness::*;
+
+#[tokio::test]
+async fn deletion_completes_when_the_broker_or_its_secret_is_gone() {
+    let h = harness();
+    connection_secret(&h, CLOSED_MANAGEMENT_URL);
+    let spec = |secret: &str| json!({"rabbitmq": {"vhost": "gone", "connectionSecret": {"name": secret}}, "topology": {"deletionPolicy": "Delete"}});
+    h.seed_pipeline("unreachable", spec("conn"), true);
+    h.seed_pipeline("secretless", spec("missing"), true);
+    for (name, says) in [
+        ("unreachable", "cannot reach"),
+        ("secretless", "Secret prod/missing does not exist"),
+    ] {
+        h.mark_deleted(name);
+        let (result, requests) = tokio::time::timeout(Duration::from_secs(60), h.reconcile(name))
+            .await
+            .expect("deletion does not hang");
+        assert_eq!(result.unwrap(), Action::await_change());
+        assert_eq!(
+            writes(&requests),
+            [
+                format!("POST {EVENTS_PATH}"),
+                format!("PATCH {}", pipeline_path(name))
+            ],
+            "{name}"
+        );
+        let published = events(&requests);
+        assert_eq!(
+            (published[0].0.as_str(), published[0].1.as_str()),
+            ("Warning", "CleanupIncomplete")
+        );
+        assert!(published[0].2.contains(says), "{name}: {published:?}");
+        assert!(published[0].2.contains("NOT cleaned up"), "{published:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_missing_secret_key_is_reported_once_and_waits_for_a_change() {
+    let h = harness();
+    h.seed_secret("conn", &[("uri", MANAGEMENT_URL), ("username", "guest")]);
+    h.seed_pipeline(
+        "shop",
+        json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
+        true,
+    );
+    let (result, requests) = h.reconcile("shop").await;
+    let error = result.unwrap_err();
+    assert_eq!(error.category(), "missing-secret-key");
+    let status = &write_to(
+        &requests,
+        "PATCH",
+        &format!("{}/status", pipeline_path("shop")),
+    )
+    .body["status"];
+    let topology = condition(status, "TopologyReady");
+    assert_eq!(
+        (topology["status"].as_str(), topology["reason"].as_str()),
+        (Some("False"), Some("MissingSecretKey"))
+    );
+    assert!(
+        topology["message"]
+            .as_str()
+            .unwrap()
+            .contains("Secret prod/conn has no key \"password\"")
+    );
+    assert_eq!(condition(status, "Ready")["reason"], "MissingSecretKey");
+    assert_eq!(events(&requests)[0].1, "ReconcileFailedMissingSecretKey");
+    let policy = error_policy(Arc::new(h.pipeline("shop")), &error, h.ctx.clone());
+    assert_eq!(
+        policy,
+        Action::requeue(RESYNC),
+        "a spec that cannot work waits"
+    );
+
+    let (result, requests) = h.reconcile("shop").await;
+    assert!(result.is_err());
+    assert_eq!(
+        writes(&requests),
+        Vec::<String>::new(),
+        "the same failure writes nothing again"
+    );
+    assert!(h.metrics().contains(
+        r#"mailer_controller_reconciles_total{result="error",category="missing-secret-key"} 2"#
+    ));
+}
+
+#[tokio::test]
+async fn transient_failures_back_off_per_pipeline() {
+    let h = harness();
+    connection_secret(&h, CLOSED_MANAGEMENT_URL);
+    for name in ["a", "b"] {
+        h.seed_pipeline(
+            name,
+            json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
+            true,
+        );
+    }
+    let (result, requests) = h.reconcile("a").await;
+    let error = result.unwrap_err();
+    assert_eq!(error.category(), "unreachable");
+    let status = &write_to(
+        &requests,
+        "PATCH",
+        &format!("{}/status", pipeline_path("a")),
+    )
+    .body["status"];
+    assert!(
+        condition(status, "TopologyReady")["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot reach")
+    );
+    let delays: Vec<Action> = (0..3)
+        .map(|_| error_policy(Arc::new(h.pipeline("a")), &error, h.ctx.clone()))
+        .collect();
+    assert_eq!(
+        delays,
+        [5, 10, 20].map(|s| Action::requeue(Duration::from_secs(s)))
+    );
+    assert_eq!(
+        error_policy(Arc::new(h.pipeline("b")), &error, h.ctx.clone()),
+        Action::requeue(Duration::from_secs(5)),
+        "each pipeline backs off on its own"
+    );
+}
+
+#[tokio::test]
+async fn a_cluster_ref_finds_the_management_api_through_the_clusters_service() {
+    let h = harness();
+    h.fake.put(
+        "/apis/rabbitmq.com/v1beta1/namespaces/data/rabbitmqclusters/rmq",
+        json!({"apiVersion": "rabbitmq.com/v1beta1", "kind": "RabbitmqCluster", "metadata": {"name": "rmq", "namespace": "data"}}),
+    );
+    h.fake.put(
+        "/api/v1/namespaces/data/services/rmq",
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "rmq", "namespace": "data"},
+               "spec": {"ports": [{"name": "amqp", "port": 5672}, {"name": "management", "port": 15672}]}}),
+    );
+    h.fake.put(
+        "/api/v1/namespaces/data/secrets/rmq-default-user",
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "rmq-default-user", "namespace": "data"},
+               "data": {"username": BASE64.encode("admin"), "password": BASE64.encode("pw")}}),
+    );
+    h.seed_pipeline(
+        "shop",
+        json!({"rabbitmq": {"clusterRef": {"name": "rmq", "namespace": "data"}}}),
+        true,
+    );
+    let broker = mailer::controller::connection::resolve(&h.ctx.client, &h.pipeline("shop"))
+        .await
+        .unwrap();
+    assert_eq!(broker.management_url, "http://rmq.data.svc:15672");
+    assert_eq!(broker.endpoint.username, "admin");
+
+    h.seed_pipeline(
+        "other",
+        json!({"rabbitmq": {"clusterRef": {"name": "absent"}}}),
+        true,
+    );
+    let error = mailer::controller::connection::resolve(&h.ctx.client, &h.pipeline("other"))
+        .await
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("RabbitmqCluster prod/absent: does not exist"),
+        "{error}"
+    );
+}

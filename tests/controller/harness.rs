@@ -1,0 +1,162 @@
+//! The reconcile harness: a pipeline and its Secrets in the in-memory API server, a
+//! `Context` on its client, and helpers to read what the controller wrote.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use kube::runtime::controller::Action;
+use mailer::controller::metrics::Metrics;
+use mailer::controller::{Context, Error, Settings, reconcile};
+use mailer::spec::MailerPipeline;
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+
+use super::fake_api::{FakeApi, Recorded};
+
+pub const NS: &str = "prod";
+pub const RESYNC: Duration = Duration::from_secs(300);
+pub const FINALIZER: &str = "mailer.dev/cleanup";
+
+pub fn pipeline_path(name: &str) -> String {
+    format!("/apis/mailer.dev/v1alpha1/namespaces/{NS}/mailerpipelines/{name}")
+}
+pub fn secret_path(name: &str) -> String {
+    format!("/api/v1/namespaces/{NS}/secrets/{name}")
+}
+pub fn deployment_path(name: &str) -> String {
+    format!("/apis/apps/v1/namespaces/{NS}/deployments/{name}")
+}
+pub const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/prod/events";
+
+pub struct Harness {
+    pub fake: FakeApi,
+    pub ctx: Arc<Context>,
+    registry: Registry,
+}
+
+pub fn harness() -> Harness {
+    let fake = FakeApi::default();
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let settings = Settings {
+        worker_image: "reg/mailer:test".into(),
+        resync_interval: RESYNC,
+    };
+    let ctx = Arc::new(Context::new(
+        fake.client(),
+        metrics,
+        settings,
+        Some("test".into()),
+    ));
+    Harness {
+        fake,
+        ctx,
+        registry,
+    }
+}
+
+impl Harness {
+    pub fn seed_pipeline(&self, name: &str, spec: Value, finalized: bool) {
+        let mut metadata =
+            json!({"name": name, "namespace": NS, "uid": format!("uid-{name}"), "generation": 1});
+        if finalized {
+            metadata["finalizers"] = json!([FINALIZER]);
+        }
+        self.fake.put(
+            &pipeline_path(name),
+            json!({"apiVersion": "mailer.dev/v1alpha1", "kind": "MailerPipeline", "metadata": metadata, "spec": spec}),
+        );
+    }
+
+    pub fn seed_secret(&self, name: &str, data: &[(&str, &str)]) {
+        let data: serde_json::Map<String, Value> = data
+            .iter()
+            .map(|(k, v)| (k.to_string(), json!(BASE64.encode(v))))
+            .collect();
+        self.fake.put(
+            &secret_path(name),
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NS}, "data": data}),
+        );
+    }
+
+    pub fn pipeline(&self, name: &str) -> MailerPipeline {
+        serde_json::from_value(
+            self.fake
+                .get(&pipeline_path(name))
+                .expect("pipeline stored"),
+        )
+        .unwrap()
+    }
+
+    pub async fn reconcile(&self, name: &str) -> (Result<Action, Error>, Vec<Recorded>) {
+        self.fake.take_requests();
+        let result = reconcile(Arc::new(self.pipeline(name)), self.ctx.clone()).await;
+        (result, self.fake.take_requests())
+    }
+
+    pub fn mark_deleted(&self, name: &str) {
+        let mut object = self.fake.get(&pipeline_path(name)).unwrap();
+        object["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        self.fake.put(&pipeline_path(name), object);
+    }
+
+    pub fn secret_value(&self, name: &str, key: &str) -> String {
+        let secret = self.fake.get(&secret_path(name)).expect("secret stored");
+        let encoded = secret["data"][key].as_str().expect("key present");
+        String::from_utf8(BASE64.decode(encoded).unwrap()).unwrap()
+    }
+
+    pub fn metrics(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).unwrap();
+        out
+    }
+}
+
+/// `METHOD path` of every write, in order.
+pub fn writes(requests: &[Recorded]) -> Vec<String> {
+    requests
+        .iter()
+        .filter(|r| r.is_write())
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect()
+}
+
+pub fn write_to<'a>(requests: &'a [Recorded], method: &str, path: &str) -> &'a Recorded {
+    requests
+        .iter()
+        .find(|r| r.method == method && r.path == path)
+        .unwrap_or_else(|| panic!("no {method} {path} in {:#?}", writes(requests)))
+}
+
+/// `(type, reason, note)` of every event published.
+pub fn events(requests: &[Recorded]) -> Vec<(String, String, String)> {
+    requests
+        .iter()
+        .filter(|r| r.method == "POST" && r.path == EVENTS_PATH)
+        .map(|r| {
+            let text = |field: &str| r.body[field].as_str().unwrap_or_default().to_string();
+            (text("type"), text("reason"), text("note"))
+        })
+        .collect()
+}
+
+pub fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == type_))
+        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
+}
+
+pub fn connection_secret(h: &Harness, management_url: &str) {
+    h.seed_secret(
+        "conn",
+        &[
+            ("uri", management_url),
+            ("username", "guest"),
+            ("password", "guest"),
+        ],
+    );
+}
