@@ -151,6 +151,25 @@ fn the_examples_are_valid_pipelines() {
     assert!(pipelines >= 2, "found {pipelines} example pipelines");
 }
 
+#[test]
+fn the_operator_manifest_runs_the_controller_with_the_permissions_it_uses() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/operator.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let documents: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    let of_kind = |kind: &str| documents.iter().find(|d| d["kind"] == kind).unwrap().clone();
+    let deployment: k8s_openapi::api::apps::v1::Deployment =
+        serde_json::from_value(of_kind("Deployment")).unwrap();
+    let pod = deployment.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.containers[0].args.as_deref(), Some(&["controller".to_string()][..]));
+    let role = of_kind("ClusterRole").to_string();
+    for resource in ["mailerpipelines/status", "deployments", "secrets", "rabbitmqclusters", "events"] {
+        assert!(role.contains(&format!("\"{resource}\"")), "the ClusterRole lacks {resource}");
+    }
+    assert!(of_kind("Role").to_string().contains("leases"));
+}
+
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases";
 
 fn election(fake: &FakeApi, identity: &str) -> LeaderElection {
