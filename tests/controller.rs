@@ -158,14 +158,32 @@ fn the_operator_manifest_runs_the_controller_with_the_permissions_it_uses() {
     let documents: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
         .map(|d| serde::Deserialize::deserialize(d).unwrap())
         .collect();
-    let of_kind = |kind: &str| documents.iter().find(|d| d["kind"] == kind).unwrap().clone();
+    let of_kind = |kind: &str| {
+        documents
+            .iter()
+            .find(|d| d["kind"] == kind)
+            .unwrap()
+            .clone()
+    };
     let deployment: k8s_openapi::api::apps::v1::Deployment =
         serde_json::from_value(of_kind("Deployment")).unwrap();
     let pod = deployment.spec.unwrap().template.spec.unwrap();
-    assert_eq!(pod.containers[0].args.as_deref(), Some(&["controller".to_string()][..]));
+    assert_eq!(
+        pod.containers[0].args.as_deref(),
+        Some(&["controller".to_string()][..])
+    );
     let role = of_kind("ClusterRole").to_string();
-    for resource in ["mailerpipelines/status", "deployments", "secrets", "rabbitmqclusters", "events"] {
-        assert!(role.contains(&format!("\"{resource}\"")), "the ClusterRole lacks {resource}");
+    for resource in [
+        "mailerpipelines/status",
+        "deployments",
+        "secrets",
+        "rabbitmqclusters",
+        "events",
+    ] {
+        assert!(
+            role.contains(&format!("\"{resource}\"")),
+            "the ClusterRole lacks {resource}"
+        );
     }
     assert!(of_kind("Role").to_string().contains("leases"));
 }

@@ -31,7 +31,7 @@ pub struct Settings {
 /// Shared by every reconcile.
 pub struct Context {
     pub client: Client,
-    pub recorder: Recorder,
+    reporter: Reporter,
     pub metrics: Metrics,
     pub settings: Settings,
     failures: Mutex<HashMap<String, u32>>,
@@ -49,7 +49,7 @@ impl Context {
             instance,
         };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            reporter,
             client,
             metrics,
             settings,
@@ -80,6 +80,11 @@ impl Context {
 
     /// Publishes an event about `regarding`; a failure to publish is logged, since an
     /// event is never worth failing a reconcile for.
+    ///
+    /// Each event gets a fresh `Recorder`: a shared one folds events of the same reason
+    /// within minutes into a series that keeps the first note, and a second repair's
+    /// note (what was repaired) would be lost. Events are only published when something
+    /// happened, so they do not pile up.
     pub async fn publish(
         &self,
         regarding: &ObjectReference,
@@ -95,7 +100,8 @@ impl Context {
             action: action.to_string(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, regarding).await {
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        if let Err(e) = recorder.publish(&event, regarding).await {
             tracing::warn!(error = %e, reason, "could not publish an event");
         }
     }

@@ -162,6 +162,48 @@ async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
         "mailer_controller_drift_repairs_total{{namespace=\"{NS}\",pipeline=\"{name}\"}} 1"
     )));
 
+    // A Deployment scaled by hand is put back.
+    let mut deployment = h.fake.get(&deployment_path(&worker_deployment)).unwrap();
+    deployment["spec"]["replicas"] = json!(5);
+    h.fake.put(&deployment_path(&worker_deployment), deployment);
+    let (result, requests) = h.reconcile(&name).await;
+    result.unwrap();
+    assert!(writes(&requests).contains(&format!("PATCH {}", deployment_path(&worker_deployment))));
+    let published = events(&requests);
+    assert_eq!(published[0].1, "TopologyRepaired");
+    assert!(
+        published[0]
+            .2
+            .contains(&format!("reapply Deployment {worker_deployment}")),
+        "{published:?}"
+    );
+    let stored = h.fake.get(&deployment_path(&worker_deployment)).unwrap();
+    assert_eq!(stored["spec"]["replicas"], 2);
+
+    // A change of the spec is applied and told as an update, not as drift.
+    let mut object = h.fake.get(&pipeline_path(&name)).unwrap();
+    object["spec"]["topology"]["retryDelay"] = json!("30s");
+    object["metadata"]["generation"] = json!(2);
+    h.fake.put(&pipeline_path(&name), object);
+    let (result, requests) = h.reconcile(&name).await;
+    result.unwrap();
+    let published = events(&requests);
+    assert_eq!(published[0].1, "TopologyUpdated");
+    assert!(
+        published[0].2.contains("mailer.mail.send.retry"),
+        "{published:?}"
+    );
+    let status = &write_to(&requests, "PATCH", &status_path).body["status"];
+    assert_eq!(status["observedGeneration"], 2);
+    let policy = admin
+        .get_policy(&vhost, "mailer.mail.send.retry")
+        .await
+        .unwrap();
+    assert_eq!(policy.definition.0.unwrap()["message-ttl"], 30_000);
+    assert!(h.metrics().contains(&format!(
+        "mailer_controller_drift_repairs_total{{namespace=\"{NS}\",pipeline=\"{name}\"}} 2"
+    )));
+
     // A dead letter arrives: once the management API counts it, the status shows it and
     // a warning says so.
     publish_dead_letter(&vhost).await;
