@@ -18,6 +18,8 @@ mod fake_api;
 mod flow;
 #[path = "controller/harness.rs"]
 mod harness;
+#[path = "controller/running.rs"]
+mod running;
 
 use std::time::Duration;
 

@@ -26,7 +26,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::Api;
@@ -72,15 +71,17 @@ pub struct Options {
 /// exits with an error, to be restarted as a standby).
 pub async fn run(options: Options) -> anyhow::Result<()> {
     crate::install_crypto_provider();
-    let client = Client::try_default().await.context(
-        "cannot reach the Kubernetes API (in a pod: its service account; outside: KUBECONFIG)",
-    )?;
+    let client = Client::try_default().await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot find the Kubernetes API ({e}); in a pod the controller uses its service account, elsewhere KUBECONFIG"
+        )
+    })?;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let health = Health::new(STALL_AFTER);
     let _server = spawn_server(options.metrics_addr, Arc::new(registry), health.clone())
         .await
-        .with_context(|| format!("cannot serve metrics on {}", options.metrics_addr))?;
+        .map_err(|e| anyhow::anyhow!("cannot serve metrics on {}: {e}", options.metrics_addr))?;
 
     let (stop_tx, stop) = signal::channel(false);
     tokio::spawn(async move {

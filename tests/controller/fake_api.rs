@@ -48,6 +48,15 @@ impl FakeApi {
         tokio::spawn(async move {
             while let Some((request, respond)) = handle.next_request().await {
                 let (parts, body) = request.into_parts();
+                if parts.uri.query().unwrap_or_default().contains("watch=true") {
+                    // A watch that reports nothing and ends after a while; the watcher
+                    // then watches again. The delay keeps that from spinning.
+                    tokio::spawn(async move {
+                        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                        respond.send_response(Response::new(Body::from(Vec::new())));
+                    });
+                    continue;
+                }
                 let bytes = body.collect_bytes().await.unwrap_or_default();
                 let (status, reply) = fake.answer(&parts, &bytes);
                 let response = Response::builder()
@@ -102,7 +111,27 @@ impl FakeApi {
         match method.as_str() {
             "GET" => match state.objects.get(&key) {
                 Some(object) => (StatusCode::OK, object.clone()),
-                None => not_found(&key),
+                None => {
+                    // A list: the objects one path segment below (selectors are ignored).
+                    let prefix = format!("{key}/");
+                    let items: Vec<Value> = state
+                        .objects
+                        .iter()
+                        .filter(|(k, _)| {
+                            k.strip_prefix(&prefix)
+                                .is_some_and(|rest| !rest.contains('/'))
+                        })
+                        .map(|(_, v)| v.clone())
+                        .collect();
+                    if items.is_empty() && !is_collection(&key) {
+                        not_found(&key)
+                    } else {
+                        (
+                            StatusCode::OK,
+                            json!({"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": version}, "items": items}),
+                        )
+                    }
+                }
             },
             "POST" => {
                 let name = body["metadata"]["name"]
@@ -181,6 +210,19 @@ impl FakeApi {
             _ => status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", &method),
         }
     }
+}
+
+/// Whether `path` names a collection: its last segment is a plural resource name.
+fn is_collection(path: &str) -> bool {
+    let last = path.rsplit('/').next().unwrap_or_default();
+    [
+        "mailerpipelines",
+        "deployments",
+        "secrets",
+        "leases",
+        "events",
+    ]
+    .contains(&last)
 }
 
 fn not_found(key: &str) -> (StatusCode, Value) {
