@@ -14,15 +14,18 @@ use super::broker::{CLOSED_MANAGEMENT_URL, MANAGEMENT_URL};
 use super::harness::*;
 
 #[tokio::test]
-async fn deletion_completes_when_the_broker_or_its_secret_is_gone() {
+async fn deletion_completes_when_the_broker_its_secret_or_its_cluster_is_gone() {
     let h = harness();
     connection_secret(&h, CLOSED_MANAGEMENT_URL);
     let spec = |secret: &str| json!({"rabbitmq": {"vhost": "gone", "connectionSecret": {"name": secret}}, "topology": {"deletionPolicy": "Delete"}});
     h.seed_pipeline("unreachable", spec("conn"), true);
     h.seed_pipeline("secretless", spec("missing"), true);
+    let clusterless = json!({"rabbitmq": {"clusterRef": {"name": "rmq"}}, "topology": {"deletionPolicy": "Delete"}});
+    h.seed_pipeline("clusterless", clusterless, true);
     for (name, says) in [
         ("unreachable", "cannot reach"),
         ("secretless", "Secret prod/missing does not exist"),
+        ("clusterless", "RabbitmqCluster prod/rmq: does not exist"),
     ] {
         h.mark_deleted(name);
         let (result, requests) = tokio::time::timeout(Duration::from_secs(60), h.reconcile(name))
@@ -179,4 +182,23 @@ async fn a_cluster_ref_finds_the_management_api_through_the_clusters_service() {
             .contains("RabbitmqCluster prod/absent: does not exist"),
         "{error}"
     );
+}
+
+#[tokio::test]
+async fn deleting_a_pipeline_whose_vhost_is_gone_is_a_clean_deletion() {
+    let h = harness();
+    connection_secret(&h, MANAGEMENT_URL);
+    let vhost = super::broker::unique("mailer-never-made");
+    let spec = json!({"rabbitmq": {"vhost": vhost, "connectionSecret": {"name": "conn"}}, "topology": {"deletionPolicy": "Delete"}});
+    h.seed_pipeline("shop", spec, true);
+    h.mark_deleted("shop");
+    let (result, requests) = h.reconcile("shop").await;
+    assert_eq!(result.unwrap(), Action::await_change());
+    let published = events(&requests);
+    assert_eq!(
+        (published[0].0.as_str(), published[0].1.as_str()),
+        ("Normal", "CleanedUp")
+    );
+    assert!(published[0].2.contains("does not exist"), "{published:?}");
+    assert!(writes(&requests).contains(&format!("PATCH {}", pipeline_path("shop"))));
 }
