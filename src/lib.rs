@@ -5,3 +5,4 @@
 
 pub mod mail;
 pub mod spec;
+pub mod worker;

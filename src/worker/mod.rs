@@ -1,0 +1,3 @@
+//! The worker: consumes mail requests and sends them.
+
+pub mod request;
