@@ -4,5 +4,6 @@
 //! `controller` is the kube-runtime glue around it.
 
 pub mod mail;
+pub mod provider;
 pub mod spec;
 pub mod worker;
