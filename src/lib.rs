@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod mail;
 pub mod manifest;
+pub mod provider;
 pub mod redact;
 pub mod spec;
 pub mod telemetry;
