@@ -3,7 +3,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use mailer::cli;
+use mailer::mail;
 use mailer::telemetry::{self, LogFormat};
+use mailer::worker::WorkerArgs;
+use mailer::worker::request::{MailRequest, request_schema};
 
 /// A mail-sending pipeline on RabbitMQ: operator, worker and tools in one binary.
 #[derive(Parser)]
@@ -24,6 +27,58 @@ enum Command {
         #[command(subcommand)]
         action: TopologyAction,
     },
+    /// Consume mail requests and send them: park what failed for now, dead-letter what
+    /// never will succeed.
+    Worker(WorkerArgs),
+    /// Apply a pipeline's topology and run a worker for it in this process: the whole
+    /// pipeline without Kubernetes.
+    Run {
+        /// A YAML file with one MailerPipeline.
+        #[arg(short = 'f', long = "file")]
+        file: String,
+        /// The management API, e.g. http://user:password@localhost:15672.
+        #[arg(long, env = "RABBITMQ_MANAGEMENT_URL", hide_env_values = true)]
+        management_url: String,
+        /// The broker, e.g. amqp://user:password@localhost:5672; the pipeline's vhost is
+        /// used whatever this URL names.
+        #[arg(long, env = "MAIL_AMQP_URL", hide_env_values = true)]
+        amqp_url: String,
+        /// Where mail goes: smtp://…, smtps://…, file:///dir or discard://
+        #[arg(long, env = "MAIL_PROVIDER_URL", hide_env_values = true)]
+        provider_url: String,
+        /// Where /metrics, /livez and /readyz are served.
+        #[arg(long, env = "MAIL_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+        http_addr: std::net::SocketAddr,
+    },
+    /// Publish one mail request, for trying the pipeline by hand.
+    Send(SendCommand),
+    /// Print the JSON Schema of a mail request.
+    RequestSchema,
+}
+
+#[derive(clap::Args)]
+struct SendCommand {
+    /// The broker, e.g. amqp://user:password@localhost:5672/shop
+    #[arg(long, env = "MAIL_AMQP_URL", hide_env_values = true)]
+    amqp_url: String,
+    #[arg(long, default_value = mail::EXCHANGE)]
+    exchange: String,
+    #[arg(long, default_value = mail::SEND_KEY)]
+    routing_key: String,
+    #[arg(long)]
+    from: String,
+    /// A recipient; repeat for more.
+    #[arg(long, required = true)]
+    to: Vec<String>,
+    #[arg(long)]
+    subject: String,
+    #[arg(long)]
+    text: Option<String>,
+    #[arg(long)]
+    html: Option<String>,
+    /// The AMQP message id, which becomes the mail's Message-ID; generated when absent.
+    #[arg(long)]
+    message_id: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -58,8 +113,19 @@ enum TopologyAction {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    telemetry::init_logging("warn", cli.log_format);
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            eprintln!("{}", one_line(&e.render().to_string()));
+            return ExitCode::from(2);
+        }
+    };
+    let default_level = match cli.command {
+        Command::Worker(_) | Command::Run { .. } => "info,lapin=off",
+        _ => "warn,lapin=off",
+    };
+    telemetry::init_logging(default_level, cli.log_format);
     let result = match cli.command {
         Command::Topology { action } => match action {
             TopologyAction::Plan(a) => {
@@ -95,12 +161,76 @@ async fn main() -> ExitCode {
                 .await
             }
         },
+        Command::Worker(args) => cli::worker::worker(args).await,
+        Command::Run {
+            file,
+            management_url,
+            amqp_url,
+            provider_url,
+            http_addr,
+        } => cli::worker::run(&file, &management_url, &amqp_url, &provider_url, http_addr).await,
+        Command::Send(s) => {
+            let request = MailRequest {
+                from: s.from,
+                to: s.to,
+                cc: vec![],
+                bcc: vec![],
+                reply_to: None,
+                subject: s.subject,
+                text: s.text,
+                html: s.html,
+                headers: Default::default(),
+            };
+            let args = cli::worker::SendArgs {
+                amqp_url: s.amqp_url,
+                exchange: s.exchange,
+                routing_key: s.routing_key,
+                request,
+                message_id: s.message_id,
+            };
+            cli::worker::send(args).await
+        }
+        Command::RequestSchema => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&request_schema()).unwrap_or_default()
+            );
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", one_line(&chain(&e)));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes, each cause left out when the message before already says it.
+fn chain(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
+/// An error message on one line: clap's usage hints and line breaks folded away.
+fn one_line(message: &str) -> String {
+    message
+        .split("\n\nUsage:")
+        .next()
+        .unwrap_or(message)
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -83,15 +83,22 @@ impl WorkerArgs {
 /// The broker user of an AMQP URL (`guest` when it names none, as AMQP clients assume).
 pub fn amqp_user(amqp_url: &str) -> Result<String, ConfigError> {
     let shown = crate::redact::redact_url(amqp_url);
-    let url = url::Url::parse(amqp_url)
-        .map_err(|e| ConfigError::AmqpUrl(format!("{shown} is not a URL ({e}); write it as amqp://USER:PASSWORD@HOST:5672/VHOST")))?;
+    let url = url::Url::parse(amqp_url).map_err(|e| {
+        ConfigError::AmqpUrl(format!(
+            "{shown} is not a URL ({e}); write it as amqp://USER:PASSWORD@HOST:5672/VHOST"
+        ))
+    })?;
     if !matches!(url.scheme(), "amqp" | "amqps") || url.host_str().is_none() {
         return Err(ConfigError::AmqpUrl(format!(
             "{shown} is not an AMQP URL; write it as amqp://USER:PASSWORD@HOST:5672/VHOST (or amqps://)"
         )));
     }
     let (user, _) = crate::redact::credentials(&url);
-    Ok(if user.is_empty() { "guest".to_string() } else { user })
+    Ok(if user.is_empty() {
+        "guest".to_string()
+    } else {
+        user
+    })
 }
 
 #[cfg(test)]
@@ -100,7 +107,10 @@ mod tests {
 
     #[test]
     fn the_user_comes_from_the_url() {
-        assert_eq!(amqp_user("amqp://mailer%2Dw:pw@h:5672/shop").unwrap(), "mailer-w");
+        assert_eq!(
+            amqp_user("amqp://mailer%2Dw:pw@h:5672/shop").unwrap(),
+            "mailer-w"
+        );
         assert_eq!(amqp_user("amqps://h").unwrap(), "guest");
     }
 

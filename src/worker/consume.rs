@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
+};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 use tokio::task::JoinSet;
@@ -43,17 +45,27 @@ pub struct Worker {
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
-    #[error("cannot connect to the broker at {url}: {source}; check that RabbitMQ is running and the URL and credentials are right")]
+    #[error(
+        "cannot connect to the broker at {url}: {source}; check that RabbitMQ is running and the URL and credentials are right"
+    )]
     Connect { url: String, source: lapin::Error },
-    #[error("cannot consume {queue}: {source}; does the queue exist (mailer topology apply creates it) and may this user read it?")]
+    #[error(
+        "cannot consume {queue}: {source}; does the queue exist (mailer topology apply creates it) and may this user read it?"
+    )]
     Consume { queue: String, source: lapin::Error },
     #[error("the broker connection failed: {0}")]
     Channel(#[from] lapin::Error),
-    #[error("the broker stopped delivering from {queue} (the consumer was cancelled: was the queue deleted?)")]
+    #[error(
+        "the broker stopped delivering from {queue} (the consumer was cancelled: was the queue deleted?)"
+    )]
     ConsumerCancelled { queue: String },
-    #[error("a delivery could not be settled, so the worker stops and the broker will redeliver it: {0}")]
+    #[error(
+        "a delivery could not be settled, so the worker stops and the broker will redeliver it: {0}"
+    )]
     Settle(#[from] SettleError),
-    #[error("{0} deliveries were still in flight after the shutdown timeout; the broker will redeliver them")]
+    #[error(
+        "{0} deliveries were still in flight after the shutdown timeout; the broker will redeliver them"
+    )]
     ShutdownTimeout(usize),
 }
 
@@ -84,21 +96,43 @@ impl Worker {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), WorkerError> {
         let url = redact_url(&self.amqp_url);
-        let properties = ConnectionProperties::default().with_connection_name("mailer-worker".into());
+        let properties =
+            ConnectionProperties::default().with_connection_name("mailer-worker".into());
         let connection = Connection::connect(&self.amqp_url, properties)
             .await
-            .map_err(|source| WorkerError::Connect { url: url.clone(), source })?;
+            .map_err(|source| WorkerError::Connect {
+                url: url.clone(),
+                source,
+            })?;
         let consume = connection.create_channel().await?;
-        consume.basic_qos(self.prefetch, BasicQosOptions::default()).await?;
+        consume
+            .basic_qos(self.prefetch, BasicQosOptions::default())
+            .await?;
         let publish = connection.create_channel().await?;
-        publish.confirm_select(ConfirmSelectOptions::default()).await?;
+        publish
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
         let mut consumer = consume
-            .basic_consume(self.queue.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+            .basic_consume(
+                self.queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
             .await
-            .map_err(|source| WorkerError::Consume { queue: self.queue.clone(), source })?;
+            .map_err(|source| WorkerError::Consume {
+                queue: self.queue.clone(),
+                source,
+            })?;
         let shared = Arc::new(Shared {
             provider: self.provider.clone(),
-            publisher: Publisher::new(publish, &self.user, &self.send_key, &self.retry_exchange, &self.dead_exchange),
+            publisher: Publisher::new(
+                publish,
+                &self.user,
+                &self.send_key,
+                &self.retry_exchange,
+                &self.dead_exchange,
+            ),
             max_attempts: self.max_attempts,
             metrics: metrics.clone(),
         });
@@ -136,7 +170,9 @@ impl Worker {
 
         // Take no more deliveries; those received but not started go back to the queue
         // when the channel closes.
-        let _ = consume.basic_cancel(consumer.tag(), BasicCancelOptions::default()).await;
+        let _ = consume
+            .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+            .await;
         let drained = drain(&mut in_flight, self.shutdown_timeout).await;
         let _ = consume.close(200, "worker stopping".into()).await;
         let _ = connection.close(200, "worker stopping".into()).await;
@@ -146,7 +182,10 @@ impl Worker {
 }
 
 /// Waits for deliveries in flight to settle, at most `timeout`.
-async fn drain(in_flight: &mut JoinSet<Result<(), SettleError>>, timeout: Duration) -> Result<(), WorkerError> {
+async fn drain(
+    in_flight: &mut JoinSet<Result<(), SettleError>>,
+    timeout: Duration,
+) -> Result<(), WorkerError> {
     let deadline = Instant::now() + timeout;
     let mut first_error = None;
     while !in_flight.is_empty() {
@@ -167,7 +206,9 @@ async fn drain(in_flight: &mut JoinSet<Result<(), SettleError>>, timeout: Durati
     first_error.map_or(Ok(()), |e| Err(e.into()))
 }
 
-fn task_failure(done: Result<Result<(), SettleError>, tokio::task::JoinError>) -> Option<SettleError> {
+fn task_failure(
+    done: Result<Result<(), SettleError>, tokio::task::JoinError>,
+) -> Option<SettleError> {
     match done {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(e),
@@ -181,8 +222,16 @@ fn task_failure(done: Result<Result<(), SettleError>, tokio::task::JoinError>) -
 
 /// Processes one delivery to its settled outcome.
 async fn process(delivery: Delivery, shared: &Shared) -> Result<(), SettleError> {
-    let message_id = delivery.properties.message_id().as_ref().map(|id| id.to_string());
-    let span = tracing::info_span!("delivery", message_id = message_id.as_deref().unwrap_or(""), attempt = tracing::field::Empty);
+    let message_id = delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|id| id.to_string());
+    let span = tracing::info_span!(
+        "delivery",
+        message_id = message_id.as_deref().unwrap_or(""),
+        attempt = tracing::field::Empty
+    );
     async {
         let _in_flight = InFlight::enter(&shared.metrics);
         let attempted = attempt(&delivery, message_id.as_deref(), shared).await;
@@ -197,12 +246,21 @@ async fn process(delivery: Delivery, shared: &Shared) -> Result<(), SettleError>
 async fn attempt(delivery: &Delivery, message_id: Option<&str>, shared: &Shared) -> Attempted {
     let attempt = match attempt_of(delivery.properties.headers().as_ref()) {
         Ok(attempt) => attempt,
-        Err(e) => return Attempted::MalformedAttempt { error: format!("malformed request: {e}") },
+        Err(e) => {
+            return Attempted::MalformedAttempt {
+                error: format!("malformed request: {e}"),
+            };
+        }
     };
     tracing::Span::current().record("attempt", attempt);
     let mail = match parse_request(&delivery.data, message_id) {
         Ok(mail) => mail,
-        Err(e) => return Attempted::MalformedRequest { attempt, error: format!("malformed request: {e}") },
+        Err(e) => {
+            return Attempted::MalformedRequest {
+                attempt,
+                error: format!("malformed request: {e}"),
+            };
+        }
     };
     let started = Instant::now();
     let sent = shared.provider.send(&mail).await;
@@ -226,10 +284,26 @@ async fn settle(delivery: &Delivery, outcome: Outcome, shared: &Shared) -> Resul
     let published = match &outcome {
         Outcome::Ack => Ok(()),
         Outcome::Park { next_attempt } => {
-            shared.publisher.park(&delivery.properties, &delivery.data, *next_attempt).await
+            shared
+                .publisher
+                .park(&delivery.properties, &delivery.data, *next_attempt)
+                .await
         }
-        Outcome::DeadLetter { reason, attempts, error } => {
-            shared.publisher.dead_letter(&delivery.properties, &delivery.data, *reason, *attempts, error).await
+        Outcome::DeadLetter {
+            reason,
+            attempts,
+            error,
+        } => {
+            shared
+                .publisher
+                .dead_letter(
+                    &delivery.properties,
+                    &delivery.data,
+                    *reason,
+                    *attempts,
+                    error,
+                )
+                .await
         }
     };
     if let Err(e) = published {
@@ -237,7 +311,11 @@ async fn settle(delivery: &Delivery, outcome: Outcome, shared: &Shared) -> Resul
         warn!(error = %e, "could not settle the delivery; leaving it unacknowledged");
         return Err(e.into());
     }
-    delivery.acker.ack(BasicAckOptions::default()).await.map_err(SettleError::Ack)?;
+    delivery
+        .acker
+        .ack(BasicAckOptions::default())
+        .await
+        .map_err(SettleError::Ack)?;
     match outcome {
         Outcome::Ack => {
             shared.metrics.settled(OutcomeLabel::Sent);
@@ -247,7 +325,11 @@ async fn settle(delivery: &Delivery, outcome: Outcome, shared: &Shared) -> Resul
             shared.metrics.settled(OutcomeLabel::Parked);
             info!(next_attempt, "failed for now; parked for a later attempt");
         }
-        Outcome::DeadLetter { reason, attempts, error } => {
+        Outcome::DeadLetter {
+            reason,
+            attempts,
+            error,
+        } => {
             shared.metrics.dead_lettered(reason);
             warn!(%reason, attempts, %error, "dead-lettered");
         }

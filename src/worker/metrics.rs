@@ -54,8 +54,16 @@ impl WorkerMetrics {
             in_flight: Gauge::default(),
         };
         let registry = registry.sub_registry_with_prefix("mailer_worker");
-        registry.register("deliveries", "Deliveries settled, by outcome", metrics.deliveries.clone());
-        registry.register("dead_letters", "Requests dead-lettered, by reason", metrics.dead_letters.clone());
+        registry.register(
+            "deliveries",
+            "Deliveries settled, by outcome",
+            metrics.deliveries.clone(),
+        );
+        registry.register(
+            "dead_letters",
+            "Requests dead-lettered, by reason",
+            metrics.dead_letters.clone(),
+        );
         registry.register(
             "provider_errors",
             "Sends that failed, by class of failure",
@@ -66,21 +74,33 @@ impl WorkerMetrics {
             "Time the provider took to accept or refuse a mail",
             metrics.send_duration.clone(),
         );
-        registry.register("in_flight", "Deliveries being processed", metrics.in_flight.clone());
+        registry.register(
+            "in_flight",
+            "Deliveries being processed",
+            metrics.in_flight.clone(),
+        );
         metrics
     }
 
     pub fn settled(&self, outcome: OutcomeLabel) {
-        self.deliveries.get_or_create(&OutcomeLabels { outcome }).inc();
+        self.deliveries
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
     }
 
     pub fn dead_lettered(&self, reason: DeadReason) {
         self.settled(OutcomeLabel::DeadLettered);
-        self.dead_letters.get_or_create(&ReasonLabels { reason: reason.as_str() }).inc();
+        self.dead_letters
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
+            .inc();
     }
 
     pub fn provider_error(&self, class: &'static str) {
-        self.provider_errors.get_or_create(&ClassLabels { class }).inc();
+        self.provider_errors
+            .get_or_create(&ClassLabels { class })
+            .inc();
     }
 
     pub fn send_took(&self, seconds: f64) {
