@@ -110,6 +110,17 @@ impl Quoted {
     }
 }
 
+/// A parser's message, which may quote a value of any length, cut to a readable line.
+fn cut_short(message: &str) -> String {
+    const MAX_CHARS: usize = 300;
+    let mut chars = message.chars();
+    let mut shown: String = chars.by_ref().take(MAX_CHARS).collect();
+    if chars.next().is_some() {
+        shown.push('…');
+    }
+    shown
+}
+
 impl fmt::Display for Quoted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -167,7 +178,7 @@ pub fn parse_request(body: &[u8], message_id: Option<&str>) -> Result<Mail, Requ
         return Err(RequestError::TooLarge { size: body.len() });
     }
     let request: MailRequest =
-        serde_json::from_slice(body).map_err(|e| RequestError::Json(e.to_string()))?;
+        serde_json::from_slice(body).map_err(|e| RequestError::Json(cut_short(&e.to_string())))?;
     request.to_mail(message_id)
 }
 

@@ -9,6 +9,9 @@ use crate::provider::{ErrorClass, Failure};
 
 /// The most refused recipients one error message lists.
 const MAX_LISTED_REFUSALS: usize = 10;
+/// How lettre words a reply cut short because the server closed the connection; it
+/// has no error kind for that, and it is the network failing, not the protocol.
+const LETTRE_CONNECTION_CLOSED: &str = "incomplete response";
 /// The reply of a server that is closing the connection.
 const SERVICE_CLOSING: u16 = 421;
 
@@ -79,6 +82,8 @@ impl Cause {
             Self::Timeout(text)
         } else if error.is_tls() || caused_by_tls(error) {
             Self::Tls(text)
+        } else if error.is_response() && text.ends_with(LETTRE_CONNECTION_CLOSED) {
+            Self::Io("the server closed the connection".into())
         } else if error.is_response() || error.is_client() {
             Self::Protocol(text)
         } else {

@@ -310,6 +310,13 @@ fn a_body_that_is_not_json_is_refused() {
 }
 
 #[test]
+fn a_parser_error_quoting_a_long_value_is_cut_short() {
+    let message = error(&with("to", json!("x".repeat(5000))));
+    assert!(message.contains("invalid type"), "{message}");
+    assert!(message.chars().count() < 400, "{message}");
+}
+
+#[test]
 fn the_message_id_takes_the_domain_of_from_unless_it_has_one() {
     let id = |amqp: &str| {
         parse_request(minimal().to_string().as_bytes(), Some(amqp))
