@@ -1,4 +1,4 @@
-.PHONY: build test lint bench crd run-demo
+.PHONY: build test lint bench demo
 
 build:
 	cargo build --release
@@ -11,3 +11,7 @@ test:
 lint:
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
+
+# The README's first command: the whole pipeline without Kubernetes, on this machine.
+demo:
+	examples/demo.sh

@@ -3,10 +3,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use mailer::cli;
-use mailer::mail;
 use mailer::telemetry::{self, LogFormat};
 use mailer::worker::WorkerArgs;
-use mailer::worker::request::{MailRequest, request_schema};
+use mailer::worker::request::request_schema;
 
 /// A mail-sending pipeline on RabbitMQ: operator, worker and tools in one binary.
 #[derive(Parser)]
@@ -51,34 +50,9 @@ enum Command {
         http_addr: std::net::SocketAddr,
     },
     /// Publish one mail request, for trying the pipeline by hand.
-    Send(SendCommand),
+    Send(cli::worker::SendArgs),
     /// Print the JSON Schema of a mail request.
     RequestSchema,
-}
-
-#[derive(clap::Args)]
-struct SendCommand {
-    /// The broker, e.g. amqp://user:password@localhost:5672/shop
-    #[arg(long, env = "MAIL_AMQP_URL", hide_env_values = true)]
-    amqp_url: String,
-    #[arg(long, default_value = mail::EXCHANGE)]
-    exchange: String,
-    #[arg(long, default_value = mail::SEND_KEY)]
-    routing_key: String,
-    #[arg(long)]
-    from: String,
-    /// A recipient; repeat for more.
-    #[arg(long, required = true)]
-    to: Vec<String>,
-    #[arg(long)]
-    subject: String,
-    #[arg(long)]
-    text: Option<String>,
-    #[arg(long)]
-    html: Option<String>,
-    /// The AMQP message id, which becomes the mail's Message-ID; generated when absent.
-    #[arg(long)]
-    message_id: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -169,27 +143,7 @@ async fn main() -> ExitCode {
             provider_url,
             http_addr,
         } => cli::worker::run(&file, &management_url, &amqp_url, &provider_url, http_addr).await,
-        Command::Send(s) => {
-            let request = MailRequest {
-                from: s.from,
-                to: s.to,
-                cc: vec![],
-                bcc: vec![],
-                reply_to: None,
-                subject: s.subject,
-                text: s.text,
-                html: s.html,
-                headers: Default::default(),
-            };
-            let args = cli::worker::SendArgs {
-                amqp_url: s.amqp_url,
-                exchange: s.exchange,
-                routing_key: s.routing_key,
-                request,
-                message_id: s.message_id,
-            };
-            cli::worker::send(args).await
-        }
+        Command::Send(args) => cli::worker::send(args).await,
         Command::RequestSchema => {
             println!(
                 "{}",

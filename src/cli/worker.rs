@@ -104,21 +104,71 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// What `mailer send` publishes.
+/// `mailer send`: one mail request, from flags or as a JSON body.
+#[derive(Debug, clap::Args)]
 pub struct SendArgs {
+    /// The broker, e.g. amqp://user:password@localhost:5672/shop
+    #[arg(long, env = "MAIL_AMQP_URL", hide_env_values = true)]
     pub amqp_url: String,
+    #[arg(long, default_value = crate::mail::EXCHANGE)]
     pub exchange: String,
+    #[arg(long, default_value = crate::mail::SEND_KEY)]
     pub routing_key: String,
-    pub request: MailRequest,
+    #[arg(long, required_unless_present = "json")]
+    pub from: Option<String>,
+    /// A recipient; repeat for more.
+    #[arg(long, required_unless_present = "json")]
+    pub to: Vec<String>,
+    #[arg(long, required_unless_present = "json")]
+    pub subject: Option<String>,
+    #[arg(long)]
+    pub text: Option<String>,
+    #[arg(long)]
+    pub html: Option<String>,
+    /// Publish this file's content (`-` for standard input) as the body, as it is and
+    /// unchecked, to see what the worker does with it.
+    #[arg(long, conflicts_with_all = ["from", "to", "subject", "text", "html"])]
+    pub json: Option<String>,
+    /// The AMQP message id, which becomes the mail's Message-ID; generated when absent.
+    #[arg(long)]
     pub message_id: Option<String>,
 }
 
-/// `mailer send`: checks the request as the worker would, then publishes it and waits
-/// for the broker's confirm.
+impl SendArgs {
+    /// The body to publish: a file given as it is, or a request built from the flags and
+    /// checked as the worker will check it.
+    fn body(&self, message_id: &str) -> Result<Vec<u8>> {
+        if let Some(path) = &self.json {
+            let read = if path == "-" {
+                std::io::read_to_string(std::io::stdin())
+            } else {
+                std::fs::read_to_string(path)
+            };
+            return Ok(read
+                .with_context(|| format!("cannot read {path}"))?
+                .into_bytes());
+        }
+        let request = MailRequest {
+            from: self.from.clone().unwrap_or_default(),
+            to: self.to.clone(),
+            cc: vec![],
+            bcc: vec![],
+            reply_to: None,
+            subject: self.subject.clone().unwrap_or_default(),
+            text: self.text.clone(),
+            html: self.html.clone(),
+            headers: Default::default(),
+        };
+        let body = serde_json::to_vec(&request)?;
+        parse_request(&body, Some(message_id)).context("the request is not valid")?;
+        Ok(body)
+    }
+}
+
+/// Publishes one request and waits for the broker's confirm.
 pub async fn send(args: SendArgs) -> Result<()> {
-    let body = serde_json::to_vec(&args.request)?;
-    let message_id = args.message_id.unwrap_or_else(generated_message_id);
-    parse_request(&body, Some(&message_id)).context("the request is not valid")?;
+    let message_id = args.message_id.clone().unwrap_or_else(generated_message_id);
+    let body = args.body(&message_id)?;
     let url = redact_url(&args.amqp_url);
     let connection = Connection::connect(&args.amqp_url, ConnectionProperties::default())
         .await
@@ -155,8 +205,7 @@ pub async fn send(args: SendArgs) -> Result<()> {
     }
     if confirmation.take_message().is_some() {
         bail!(
-            "no queue took the request: is {} bound to {} with {}? (mailer topology apply creates it)",
-            args.routing_key,
+            "no queue took the request: is a queue bound to {} with {}? (mailer topology apply creates it)",
             args.exchange,
             args.routing_key
         );

@@ -1,6 +1,6 @@
 //! The worker's Prometheus metrics. Every label value comes from a small fixed set.
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -9,7 +9,7 @@ use prometheus_client::registry::Registry;
 
 use crate::mail::DeadReason;
 
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum OutcomeLabel {
     Sent,
     Parked,
@@ -18,9 +18,20 @@ pub enum OutcomeLabel {
     Failed,
 }
 
+impl OutcomeLabel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sent => "sent",
+            Self::Parked => "parked",
+            Self::DeadLettered => "dead_lettered",
+            Self::Failed => "failed",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
-    outcome: OutcomeLabel,
+    outcome: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
