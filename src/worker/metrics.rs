@@ -95,7 +95,9 @@ impl WorkerMetrics {
 
     pub fn settled(&self, outcome: OutcomeLabel) {
         self.deliveries
-            .get_or_create(&OutcomeLabels { outcome })
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.as_str(),
+            })
             .inc();
     }
 
