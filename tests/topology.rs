@@ -201,15 +201,7 @@ async fn drift_made_by_hand_is_repaired() {
     };
     edited.definition.insert("message-ttl".into(), json!(1000));
     api.declare_policy(&edited).await.unwrap();
-    let binding = topology::desired::Binding {
-        exchange: "mail.retry".into(),
-        queue: "mail.send.retry".into(),
-        routing_key: "mail.send".into(),
-    };
-    management()
-        .delete_binding(&vhost.name, &binding)
-        .await
-        .unwrap();
+    support::broker::remove_retry_binding(&vhost).await;
 
     let changes: Vec<String> = topology::apply(&management(), &t)
         .await
@@ -554,14 +546,17 @@ async fn the_cli_plans_applies_and_reports_no_change() {
     .unwrap();
     let file = file.to_str().unwrap();
 
-    let (code, out, _) = mailer(&[
-        "topology",
-        "plan",
-        "-f",
-        file,
-        "--management-url",
-        broker::MANAGEMENT_URL,
-    ]);
+    let topology_cli = |action: &str| {
+        mailer(&[
+            "topology",
+            action,
+            "-f",
+            file,
+            "--management-url",
+            broker::MANAGEMENT_URL,
+        ])
+    };
+    let (code, out, _) = topology_cli("plan");
     assert_eq!(code, 0);
     assert!(
         out.contains("skipped document 1 (Secret x): not a MailerPipeline"),
@@ -571,28 +566,14 @@ async fn the_cli_plans_applies_and_reports_no_change() {
         out.contains("would create queue mail.send (quorum)"),
         "{out}"
     );
-    let (code, out, _) = mailer(&[
-        "topology",
-        "apply",
-        "-f",
-        file,
-        "--management-url",
-        broker::MANAGEMENT_URL,
-    ]);
+    let (code, out, _) = topology_cli("apply");
     assert_eq!(code, 0);
     assert!(
         out.contains("create policy mailer.mail.send.retry"),
         "{out}"
     );
     for action in ["apply", "plan"] {
-        let (code, out, _) = mailer(&[
-            "topology",
-            action,
-            "-f",
-            file,
-            "--management-url",
-            broker::MANAGEMENT_URL,
-        ]);
+        let (code, out, _) = topology_cli(action);
         assert_eq!(code, 0);
         assert!(
             out.contains("in sync: nothing to change"),

@@ -360,15 +360,7 @@ async fn every_row_of_the_outcome_table_holds_end_to_end() {
 #[tokio::test]
 async fn an_unroutable_park_stops_the_worker_and_the_delivery_limit_dead_letters_it() {
     let vhost = pipeline("unroutable").await;
-    let binding = topology::desired::Binding {
-        exchange: "mail.retry".into(),
-        queue: "mail.send.retry".into(),
-        routing_key: "mail.send".into(),
-    };
-    management()
-        .delete_binding(&vhost.name, &binding)
-        .await
-        .unwrap();
+    support::broker::remove_retry_binding(&vhost).await;
     let connection = vhost.connect().await;
     let channel = confirming_channel(&connection).await;
     publish(

@@ -155,3 +155,16 @@ pub async fn get_within(
 pub fn no_args() -> FieldTable {
     FieldTable::default()
 }
+
+/// Removes the `mail.retry` -> `mail.send.retry` binding by hand, as an operator might.
+pub async fn remove_retry_binding(vhost: &TestVhost) {
+    let binding = mailer::topology::desired::Binding {
+        exchange: "mail.retry".into(),
+        queue: "mail.send.retry".into(),
+        routing_key: "mail.send".into(),
+    };
+    management()
+        .delete_binding(&vhost.name, &binding)
+        .await
+        .expect("remove the binding");
+}
