@@ -7,10 +7,12 @@ pub mod cli;
 pub mod controller;
 pub mod mail;
 pub mod manifest;
+pub mod provider;
 pub mod redact;
 pub mod spec;
 pub mod telemetry;
 pub mod topology;
+pub mod worker;
 
 /// Makes ring the process's rustls crypto provider (the one TLS stack every client here
 /// shares); later calls do nothing.

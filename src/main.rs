@@ -4,6 +4,8 @@ use clap::{Parser, Subcommand};
 
 use mailer::cli;
 use mailer::telemetry::{self, LogFormat};
+use mailer::worker::WorkerArgs;
+use mailer::worker::request::request_schema;
 
 /// A mail-sending pipeline on RabbitMQ: operator, worker and tools in one binary.
 #[derive(Parser)]
@@ -28,6 +30,33 @@ enum Command {
         #[command(subcommand)]
         action: TopologyAction,
     },
+    /// Consume mail requests and send them: park what failed for now, dead-letter what
+    /// never will succeed.
+    Worker(WorkerArgs),
+    /// Apply a pipeline's topology and run a worker for it in this process: the whole
+    /// pipeline without Kubernetes.
+    Run {
+        /// A YAML file with one MailerPipeline.
+        #[arg(short = 'f', long = "file")]
+        file: String,
+        /// The management API, e.g. http://user:password@localhost:15672.
+        #[arg(long, env = "RABBITMQ_MANAGEMENT_URL", hide_env_values = true)]
+        management_url: String,
+        /// The broker, e.g. amqp://user:password@localhost:5672; the pipeline's vhost is
+        /// used whatever this URL names.
+        #[arg(long, env = "MAIL_AMQP_URL", hide_env_values = true)]
+        amqp_url: String,
+        /// Where mail goes: smtp://…, smtps://…, file:///dir or discard://
+        #[arg(long, env = "MAIL_PROVIDER_URL", hide_env_values = true)]
+        provider_url: String,
+        /// Where /metrics, /livez and /readyz are served.
+        #[arg(long, env = "MAIL_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+        http_addr: std::net::SocketAddr,
+    },
+    /// Publish one mail request, for trying the pipeline by hand.
+    Send(cli::worker::SendArgs),
+    /// Print the JSON Schema of a mail request.
+    RequestSchema,
 }
 
 #[derive(clap::Args)]
@@ -62,13 +91,19 @@ enum TopologyAction {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    // A long-running role says what it does; a one-shot command only what went wrong.
-    let level = match cli.command {
-        Command::Controller(_) => "info",
-        _ => "warn",
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            eprintln!("{}", one_line(&e.render().to_string()));
+            return ExitCode::from(2);
+        }
     };
-    telemetry::init_logging(level, cli.log_format);
+    let default_level = match cli.command {
+        Command::Worker(_) | Command::Run { .. } | Command::Controller(_) => "info,lapin=off",
+        _ => "warn,lapin=off",
+    };
+    telemetry::init_logging(default_level, cli.log_format);
     let result = match cli.command {
         Command::Controller(args) => match args.into_options() {
             Ok(options) => mailer::controller::run(options).await,
@@ -111,12 +146,56 @@ async fn main() -> ExitCode {
                 .await
             }
         },
+        Command::Worker(args) => cli::worker::worker(args).await,
+        Command::Run {
+            file,
+            management_url,
+            amqp_url,
+            provider_url,
+            http_addr,
+        } => cli::worker::run(&file, &management_url, &amqp_url, &provider_url, http_addr).await,
+        Command::Send(args) => cli::worker::send(args).await,
+        Command::RequestSchema => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&request_schema()).unwrap_or_default()
+            );
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", one_line(&chain(&e)));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes, each cause left out when the message before already says it.
+fn chain(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
+/// An error message on one line: clap's usage hints and line breaks folded away.
+fn one_line(message: &str) -> String {
+    message
+        .split("\n\nUsage:")
+        .next()
+        .unwrap_or(message)
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -22,13 +22,19 @@ pub enum LogFormat {
     Json,
 }
 
+/// Log targets that would print what must never be logged.
+const SILENCED: &str = "lapin::returned_messages=off";
+
 /// Logs to standard error at `default_level`, or as `RUST_LOG` says.
 pub fn init_logging(default_level: &str, format: LogFormat) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    // lapin logs a returned message whole, mail body included: never let it.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(default_level))
+        .add_directive(SILENCED.parse().expect("a valid directive"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder

@@ -2,6 +2,7 @@
 //! holds and making one change at a time, with errors a user can act on.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use rabbitmq_http_client::api::{Client, HttpClientError};
@@ -116,6 +117,7 @@ impl fmt::Debug for ManagementEndpoint {
 pub struct Management {
     pub(super) api: Client<String, String, String>,
     endpoint: ManagementEndpoint,
+    writes: AtomicUsize,
 }
 
 impl Management {
@@ -136,11 +138,22 @@ impl Management {
         Ok(Self {
             api,
             endpoint: endpoint.clone(),
+            writes: AtomicUsize::new(0),
         })
     }
 
     pub fn endpoint(&self) -> &ManagementEndpoint {
         &self.endpoint
+    }
+
+    /// How many writing requests this client has made, so callers (and tests) can tell
+    /// a reconcile that changed nothing from one that did.
+    pub fn writes(&self) -> usize {
+        self.writes.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn count_write(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(super) fn error(&self, action: &str, e: HttpClientError) -> TopologyError {
@@ -228,6 +241,7 @@ impl Management {
 
     /// Makes one change in `vhost`.
     pub async fn write(&self, vhost: &str, change: &Change) -> Result<(), TopologyError> {
+        self.count_write();
         let result = match change {
             Change::CreateVhost(name) => {
                 let params = VirtualHostParams {
@@ -285,6 +299,7 @@ impl Management {
     }
 
     pub async fn delete_binding(&self, vhost: &str, b: &Binding) -> Result<(), TopologyError> {
+        self.count_write();
         let params = BindingDeletionParams {
             virtual_host: vhost,
             source: &b.exchange,
@@ -302,6 +317,7 @@ impl Management {
     }
 
     pub async fn delete_exchange(&self, vhost: &str, name: &str) -> Result<(), TopologyError> {
+        self.count_write();
         self.api
             .delete_exchange(vhost, name, true)
             .await
@@ -309,6 +325,7 @@ impl Management {
     }
 
     pub async fn delete_queue(&self, vhost: &str, name: &str) -> Result<(), TopologyError> {
+        self.count_write();
         self.api
             .delete_queue(vhost, name, true)
             .await
@@ -316,6 +333,7 @@ impl Management {
     }
 
     pub async fn delete_policy(&self, vhost: &str, name: &str) -> Result<(), TopologyError> {
+        self.count_write();
         self.api
             .delete_policy(vhost, name, true)
             .await

@@ -1,0 +1,17 @@
+.PHONY: build test lint bench demo
+
+build:
+	cargo build --release
+
+# The README's test command: unit tests, and integration tests against the real
+# RabbitMQ at 127.0.0.1 (5672, 15672 with guest/guest) and a real SMTP server (aiosmtpd).
+test:
+	cargo test --locked
+
+lint:
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings
+
+# The README's first command: the whole pipeline without Kubernetes, on this machine.
+demo:
+	examples/demo.sh

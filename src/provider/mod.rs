@@ -1,0 +1,219 @@
+//! Where mail goes: one module per way of sending, behind [`Provider`].
+//!
+//! A provider is chosen by a URL (see [`from_url`]):
+//!
+//! | URL | What it does |
+//! |-----|--------------|
+//! | `smtp://[user:pass@]host[:port][?options]` | SMTP, port 25 by default, STARTTLS as `tls=` says |
+//! | `smtps://[user:pass@]host[:port][?options]` | SMTP over implicit TLS, port 465 by default |
+//! | `file:///dir` | writes each mail as an RFC 5322 `.eml` file into `dir`, for development |
+//! | `discard://` | accepts every mail and drops it, for benchmarks |
+//!
+//! The SMTP options are documented on [`smtp::SmtpSettings`]. A user name and password
+//! must be percent-encoded in the URL; the password never appears in an error, a log
+//! line or the `Display`/`Debug` of a provider.
+
+pub mod discard;
+pub mod file;
+pub mod smtp;
+
+use std::fmt;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+
+use crate::worker::request::Mail;
+
+/// A way of sending mail.
+///
+/// `Display` shows the provider's URL with its password replaced by `***`.
+pub trait Provider: Send + Sync + fmt::Display + fmt::Debug {
+    /// Sends one mail. `Ok` means the provider took responsibility for every recipient.
+    fn send<'a>(&'a self, mail: &'a Mail) -> BoxFuture<'a, Result<(), SendError>>;
+}
+
+/// Whether a send that failed may succeed when tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Failure {
+    /// Failed for now (a 4xx reply, the network, a timeout): park the request and retry.
+    ForNow,
+    /// Failed for good (a 5xx reply to the mail, its sender or a recipient): retrying
+    /// only delays the bad news, so dead-letter the request.
+    ForGood,
+}
+
+/// What kind of failure a send had: a small, fixed set fit for a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ErrorClass {
+    /// Resolving or connecting to the server failed.
+    Connect,
+    /// The TLS handshake failed, or TLS was required and the server did not offer it.
+    Tls,
+    /// The server did not answer in time.
+    Timeout,
+    /// The server refused our login (or offers no way to log in that we support).
+    Auth,
+    /// The server said something we could not understand, or refused a command that
+    /// the mail itself cannot be blamed for.
+    Protocol,
+    /// A 4xx reply: the server wants us to try again later.
+    TemporaryReply,
+    /// A 5xx reply: the server will never take this mail.
+    PermanentReply,
+    /// Reading or writing failed: a reset connection or a full disk.
+    Io,
+}
+
+impl ErrorClass {
+    pub const ALL: [ErrorClass; 8] = [
+        Self::Connect,
+        Self::Tls,
+        Self::Timeout,
+        Self::Auth,
+        Self::Protocol,
+        Self::TemporaryReply,
+        Self::PermanentReply,
+        Self::Io,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::Tls => "tls",
+            Self::Timeout => "timeout",
+            Self::Auth => "auth",
+            Self::Protocol => "protocol",
+            Self::TemporaryReply => "temporary-reply",
+            Self::PermanentReply => "permanent-reply",
+            Self::Io => "io",
+        }
+    }
+}
+
+impl fmt::Display for ErrorClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a mail was not sent. Its message is fit for logs and the `x-mail-dead-error`
+/// header: it names the server and the step, and quotes the server's reply code and
+/// text; it never holds a password or the mail's body.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct SendError {
+    failure: Failure,
+    class: ErrorClass,
+    message: String,
+}
+
+impl SendError {
+    /// A failure that may go away: the request should be tried again later.
+    pub fn for_now(class: ErrorClass, message: impl Into<String>) -> Self {
+        Self {
+            failure: Failure::ForNow,
+            class,
+            message: message.into(),
+        }
+    }
+
+    /// A failure that never will go away: the request should be dead-lettered.
+    pub fn for_good(class: ErrorClass, message: impl Into<String>) -> Self {
+        Self {
+            failure: Failure::ForGood,
+            class,
+            message: message.into(),
+        }
+    }
+
+    pub fn failure(&self) -> Failure {
+        self.failure
+    }
+
+    /// True when the mail never will be sent, so retrying is pointless.
+    pub fn is_for_good(&self) -> bool {
+        self.failure == Failure::ForGood
+    }
+
+    pub fn class(&self) -> ErrorClass {
+        self.class
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+/// A provider URL that cannot be used. Its message is one line and never shows the
+/// password.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProviderUrlError {
+    /// The text does not parse as a URL; it is not repeated, since it may hold a password
+    /// in a form that cannot be told apart.
+    #[error("the provider URL is not a URL ({0}); write it like smtp://user:pass@host:587")]
+    NotAUrl(String),
+    #[error(
+        "the provider URL {url} has the unknown scheme {scheme:?}; use smtp://, smtps://, file:// or discard://"
+    )]
+    UnknownScheme { url: String, scheme: String },
+    #[error("the provider URL {url} is unusable: {problem}")]
+    Invalid { url: String, problem: String },
+}
+
+impl ProviderUrlError {
+    fn invalid(url: &url::Url, problem: impl Into<String>) -> Self {
+        Self::Invalid {
+            url: redacted(url),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Builds the provider a URL names; see the [module documentation](self).
+pub fn from_url(url: &str) -> Result<Arc<dyn Provider>, ProviderUrlError> {
+    let parsed =
+        url::Url::parse(url.trim()).map_err(|e| ProviderUrlError::NotAUrl(e.to_string()))?;
+    match parsed.scheme() {
+        "smtp" | "smtps" => {
+            let settings = smtp::SmtpSettings::from_url(&parsed)?;
+            Ok(Arc::new(smtp::SmtpProvider::new(settings)?))
+        }
+        "file" => Ok(Arc::new(file::FileProvider::from_url(&parsed)?)),
+        "discard" => Ok(Arc::new(discard::DiscardProvider::from_url(&parsed)?)),
+        scheme => Err(ProviderUrlError::UnknownScheme {
+            url: redacted(&parsed),
+            scheme: scheme.to_owned(),
+        }),
+    }
+}
+
+/// The URL with its password, if any, replaced by `***`.
+pub fn redacted(url: &url::Url) -> String {
+    let mut shown = url.clone();
+    if shown.password().is_some() {
+        // Only fails for URLs that cannot have a password, and this one has one.
+        let _ = shown.set_password(Some("***"));
+    }
+    shown.to_string()
+}
+
+/// Refuses query parameters a provider does not know, so a typo is not ignored.
+fn refuse_query(url: &url::Url, known: &[&str]) -> Result<(), ProviderUrlError> {
+    for (name, _) in url.query_pairs() {
+        if !known.contains(&name.as_ref()) {
+            let problem = if known.is_empty() {
+                format!("it takes no options, but has {name:?}")
+            } else {
+                format!(
+                    "unknown option {name:?}; the options are {}",
+                    known.join(", ")
+                )
+            };
+            return Err(ProviderUrlError::invalid(url, problem));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,375 @@
+//! SMTP through lettre's connection, with a small pool of reused connections.
+//!
+//! lettre's `AsyncSmtpTransport::send` stops at the first refused recipient, which
+//! cannot tell "one recipient got 450, another 550" from "450" alone. This module
+//! drives each transaction itself: `MAIL FROM`, then `RCPT TO` for every recipient,
+//! collecting the replies, and `DATA` only when every recipient was accepted, so no
+//! one gets a mail that others did not. If any recipient is refused for good (5xx) the
+//! mail failed for good, else a 4xx means it failed for now. After a refused
+//! transaction `RSET` makes the connection reusable.
+
+mod failure;
+mod settings;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use lettre::transport::smtp::authentication::{Credentials, Mechanism};
+use lettre::transport::smtp::client::{AsyncSmtpConnection, TlsParameters};
+use lettre::transport::smtp::commands::{Data, Mail as MailCommand, Rcpt, Rset};
+use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
+use tokio::sync::Semaphore;
+
+use failure::{Cause, Step, StepError, classify, refused_recipients};
+pub use settings::{
+    DEFAULT_CONNECTIONS, DEFAULT_SMTP_PORT, DEFAULT_SMTPS_PORT, DEFAULT_TIMEOUT, Security,
+    SmtpSettings,
+};
+
+use super::{ErrorClass, Failure, Provider, ProviderUrlError, SendError};
+use crate::worker::request::Mail;
+
+/// An idle connection older than this is closed rather than reused: servers drop idle
+/// clients after a while, and a stale connection costs a failed command to find out.
+const MAX_IDLE: Duration = Duration::from_secs(60);
+/// Mails sent over one connection before it is closed; many servers limit this.
+const MAX_MAILS_PER_CONNECTION: u32 = 100;
+
+/// Sends mail to one SMTP server, reusing up to `connections` connections.
+pub struct SmtpProvider {
+    settings: SmtpSettings,
+    tls: Option<TlsParameters>,
+    hello: ClientId,
+    idle: Mutex<Vec<PooledConnection>>,
+    /// One permit per connection: a send holds one while it uses a connection, so no
+    /// more than `connections` are open at once.
+    permits: Semaphore,
+}
+
+struct PooledConnection {
+    connection: AsyncSmtpConnection,
+    idle_since: Instant,
+    mails_sent: u32,
+}
+
+impl SmtpProvider {
+    /// Prepares the provider; it connects only when the first mail is sent.
+    pub fn new(settings: SmtpSettings) -> Result<Self, ProviderUrlError> {
+        let tls = match settings.security {
+            Security::Plaintext => None,
+            _ => Some(TlsParameters::new(settings.host.clone()).map_err(|e| {
+                ProviderUrlError::Invalid {
+                    url: settings.to_string(),
+                    problem: format!("cannot set up TLS: {e}"),
+                }
+            })?),
+        };
+        let hello = settings
+            .hello
+            .clone()
+            .map(ClientId::Domain)
+            .unwrap_or_default();
+        Ok(Self {
+            permits: Semaphore::new(settings.connections),
+            settings,
+            tls,
+            hello,
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn settings(&self) -> &SmtpSettings {
+        &self.settings
+    }
+
+    async fn send_mail(&self, mail: &Mail) -> Result<(), SendError> {
+        let _permit = self.permits.acquire().await.map_err(|_| {
+            SendError::for_now(ErrorClass::Io, format!("{self}: the provider is shut down"))
+        })?;
+        let (mut pooled, reused) = match self.take_idle() {
+            Some(pooled) => (pooled, true),
+            None => (self.connect().await?, false),
+        };
+        let result = self.transaction(&mut pooled.connection, mail).await;
+        match result {
+            // A pooled connection the server has closed fails at its first command;
+            // nothing was sent yet, so try once more on a new connection.
+            Err(error) if reused && error.step == Step::MailFrom && !error.connection_usable => {
+                tracing::debug!(
+                    server = %self.settings.server(),
+                    "a pooled connection was stale ({}); connecting again",
+                    error.detail
+                );
+                drop(pooled);
+                let mut fresh = self.connect().await?;
+                let result = self.transaction(&mut fresh.connection, mail).await;
+                self.finish(fresh, result).await
+            }
+            result => self.finish(pooled, result).await,
+        }
+    }
+
+    /// Returns the connection to the pool when it can be used again, and reports.
+    async fn finish(
+        &self,
+        mut pooled: PooledConnection,
+        result: Result<(), StepError>,
+    ) -> Result<(), SendError> {
+        match result {
+            Ok(()) => {
+                pooled.mails_sent += 1;
+                self.keep(pooled).await;
+                Ok(())
+            }
+            Err(error) => {
+                if error.connection_usable {
+                    let reset = self
+                        .within(Step::Reset, "RSET", pooled.connection.command(Rset))
+                        .await;
+                    if reset.is_ok() {
+                        self.keep(pooled).await;
+                    }
+                }
+                Err(self.report(error))
+            }
+        }
+    }
+
+    fn take_idle(&self) -> Option<PooledConnection> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        // The most recently used connection is the likeliest to be alive; the rest
+        // are dropped when too old.
+        while let Some(pooled) = idle.pop() {
+            if pooled.idle_since.elapsed() < MAX_IDLE && !pooled.connection.has_broken() {
+                return Some(pooled);
+            }
+        }
+        None
+    }
+
+    async fn keep(&self, mut pooled: PooledConnection) {
+        if pooled.mails_sent >= MAX_MAILS_PER_CONNECTION {
+            let _ = tokio::time::timeout(self.settings.timeout, pooled.connection.quit()).await;
+            return;
+        }
+        pooled.idle_since = Instant::now();
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(pooled);
+    }
+
+    /// Opens a connection: greeting, `EHLO`, TLS as the settings say, and login.
+    async fn connect(&self) -> Result<PooledConnection, SendError> {
+        let settings = &self.settings;
+        let implicit_tls = match settings.security {
+            Security::ImplicitTls => self.tls.clone(),
+            _ => None,
+        };
+        let connecting = AsyncSmtpConnection::connect_tokio1(
+            (settings.host.as_str(), settings.port),
+            Some(settings.timeout),
+            &self.hello,
+            implicit_tls,
+            None,
+        );
+        let mut connection = self
+            .within(Step::Connect, "connecting", connecting)
+            .await
+            .map_err(|e| self.report(e))?;
+        tracing::debug!(server = %settings.server(), "connected");
+
+        let wants_starttls = matches!(
+            settings.security,
+            Security::StartTlsRequired | Security::StartTlsOpportunistic
+        );
+        if let (true, Some(tls)) = (wants_starttls, &self.tls) {
+            if connection.can_starttls() {
+                self.within(
+                    Step::StartTls,
+                    "STARTTLS",
+                    connection.starttls(tls.clone(), &self.hello),
+                )
+                .await
+                .map_err(|e| self.report(e))?;
+            } else if settings.security == Security::StartTlsRequired {
+                return Err(self.for_now_error(
+                    ErrorClass::Tls,
+                    "the server does not offer STARTTLS, which tls=required needs \
+                     (use tls=opportunistic or tls=none for a server without TLS)",
+                ));
+            }
+        }
+
+        if let (Some(username), Some(password)) = (&settings.username, settings.password()) {
+            if !connection.is_encrypted() && settings.security != Security::Plaintext {
+                return Err(self.for_now_error(
+                    ErrorClass::Tls,
+                    "the server does not offer STARTTLS, so the password is not sent \
+                     (use tls=none to send it unencrypted anyway)",
+                ));
+            }
+            let credentials = Credentials::new(username.clone(), password.to_owned());
+            self.within(
+                Step::Auth,
+                "AUTH",
+                connection.auth(&[Mechanism::Plain, Mechanism::Login], &credentials),
+            )
+            .await
+            .map_err(|e| self.report(e))?;
+        }
+        Ok(PooledConnection {
+            connection,
+            idle_since: Instant::now(),
+            mails_sent: 0,
+        })
+    }
+
+    /// One mail: `MAIL FROM`, `RCPT TO` for each recipient, and `DATA` only when every
+    /// recipient was accepted.
+    async fn transaction(
+        &self,
+        connection: &mut AsyncSmtpConnection,
+        mail: &Mail,
+    ) -> Result<(), StepError> {
+        let envelope = mail.envelope();
+        let body = mail.formatted();
+        let parameters = mail_parameters(connection, envelope, &body)?;
+        let sender = envelope.from().map(address_text).unwrap_or_default();
+        self.within(
+            Step::MailFrom,
+            &format!("MAIL FROM:<{sender}>"),
+            connection.command(MailCommand::new(envelope.from().cloned(), parameters)),
+        )
+        .await?;
+
+        let mut refusals = Vec::new();
+        for recipient in envelope.to() {
+            let command = Rcpt::new(recipient.clone(), Vec::new());
+            match self
+                .within(
+                    Step::RcptTo,
+                    &format!("RCPT TO:<{recipient}>"),
+                    connection.command(command),
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(refusal) if refusal.connection_usable => refusals.push(refusal),
+                Err(error) => return Err(error),
+            }
+        }
+        if !refusals.is_empty() {
+            return Err(refused_recipients(refusals));
+        }
+
+        self.within(Step::Data, "DATA", connection.command(Data))
+            .await?;
+        self.within(
+            Step::Message,
+            "sending the message",
+            connection.message(&body),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Runs one step within the timeout and classifies its failure.
+    async fn within<T>(
+        &self,
+        step: Step,
+        what: &str,
+        work: impl Future<Output = Result<T, lettre::transport::smtp::Error>>,
+    ) -> Result<T, StepError> {
+        match tokio::time::timeout(self.settings.timeout, work).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(classify(step, what, Cause::of(&error))),
+            Err(_) => Err(StepError {
+                step,
+                failure: Failure::ForNow,
+                class: ErrorClass::Timeout,
+                detail: format!(
+                    "{what}: no answer within {}",
+                    humantime::format_duration(self.settings.timeout)
+                ),
+                connection_usable: false,
+            }),
+        }
+    }
+
+    fn report(&self, error: StepError) -> SendError {
+        let message = format!("{}: {}", self.settings.server(), error.detail);
+        match error.failure {
+            Failure::ForNow => SendError::for_now(error.class, message),
+            Failure::ForGood => SendError::for_good(error.class, message),
+        }
+    }
+
+    fn for_now_error(&self, class: ErrorClass, detail: &str) -> SendError {
+        SendError::for_now(class, format!("{}: {detail}", self.settings.server()))
+    }
+}
+
+impl fmt::Display for SmtpProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.settings.fmt(f)
+    }
+}
+
+impl fmt::Debug for SmtpProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let idle = self.idle.lock().map(|idle| idle.len()).unwrap_or_default();
+        f.debug_struct("SmtpProvider")
+            .field("settings", &self.settings)
+            .field("idle_connections", &idle)
+            .finish()
+    }
+}
+
+impl Provider for SmtpProvider {
+    fn send<'a>(&'a self, mail: &'a Mail) -> BoxFuture<'a, Result<(), SendError>> {
+        Box::pin(self.send_mail(mail))
+    }
+}
+
+/// The `MAIL FROM` parameters the mail needs, or why this server cannot take it.
+fn mail_parameters(
+    connection: &AsyncSmtpConnection,
+    envelope: &lettre::address::Envelope,
+    body: &[u8],
+) -> Result<Vec<MailParameter>, StepError> {
+    let server = connection.server_info();
+    let unsupported = |detail: &str| StepError {
+        step: Step::MailFrom,
+        failure: Failure::ForGood,
+        class: ErrorClass::Protocol,
+        detail: detail.to_owned(),
+        connection_usable: true,
+    };
+    let mut parameters = Vec::new();
+    let mut addresses = envelope.from().into_iter().chain(envelope.to());
+    if addresses.any(|address| !address_text(address).is_ascii()) {
+        if !server.supports_feature(Extension::SmtpUtfEight) {
+            return Err(unsupported(
+                "the mail has non-ASCII addresses and the server does not support SMTPUTF8",
+            ));
+        }
+        parameters.push(MailParameter::SmtpUtfEight);
+    }
+    if !body.is_ascii() {
+        if !server.supports_feature(Extension::EightBitMime) {
+            return Err(unsupported(
+                "the mail is not ASCII and the server does not support 8BITMIME",
+            ));
+        }
+        parameters.push(MailParameter::Body(MailBodyParameter::EightBitMime));
+    }
+    Ok(parameters)
+}
+
+fn address_text(address: &lettre::Address) -> &str {
+    address.as_ref()
+}

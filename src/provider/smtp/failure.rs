@@ -1,0 +1,191 @@
+//! Sorting what went wrong in an SMTP session into for now or for good, and a class.
+//!
+//! Only a 5xx reply to the mail itself (its sender, a recipient, or its content) is for
+//! good. A 5xx while connecting or logging in is about this client or its settings,
+//! which someone can fix, so the mail is retried. Everything without a reply (the
+//! network, TLS, a timeout) is for now.
+
+use crate::provider::{ErrorClass, Failure};
+
+/// The most refused recipients one error message lists.
+const MAX_LISTED_REFUSALS: usize = 10;
+/// How lettre words a reply cut short because the server closed the connection; it
+/// has no error kind for that, and it is the network failing, not the protocol.
+const LETTRE_CONNECTION_CLOSED: &str = "incomplete response";
+/// The reply of a server that is closing the connection.
+const SERVICE_CLOSING: u16 = 421;
+
+/// The step of a session a failure happened at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    Connect,
+    StartTls,
+    Auth,
+    MailFrom,
+    RcptTo,
+    Data,
+    Message,
+    Reset,
+}
+
+impl Step {
+    /// Whether a reply at this step is about the mail rather than the session.
+    fn is_about_the_mail(self) -> bool {
+        matches!(
+            self,
+            Self::MailFrom | Self::RcptTo | Self::Data | Self::Message
+        )
+    }
+}
+
+/// A failed step: what to report, and whether the connection can still be used.
+#[derive(Debug)]
+pub(super) struct StepError {
+    pub step: Step,
+    pub failure: Failure,
+    pub class: ErrorClass,
+    /// What failed and why, without the server's name, e.g. `RCPT TO:<a@b>: 550 …`.
+    pub detail: String,
+    /// The server replied and will take another command (after `RSET`).
+    pub connection_usable: bool,
+}
+
+/// What went wrong in a step, as far as sorting it is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Cause {
+    /// The server answered with a 4xx or 5xx reply.
+    Reply {
+        code: u16,
+        text: String,
+    },
+    Timeout(String),
+    Tls(String),
+    /// The server said something that is not SMTP, or lettre refused to go on.
+    Protocol(String),
+    /// Connecting, reading or writing failed.
+    Io(String),
+}
+
+impl Cause {
+    pub fn of(error: &lettre::transport::smtp::Error) -> Self {
+        if let Some(code) = error.status() {
+            let text = std::error::Error::source(error)
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            return Self::Reply {
+                code: code.into(),
+                text,
+            };
+        }
+        let text = error.to_string();
+        if error.is_timeout() {
+            Self::Timeout(text)
+        } else if error.is_tls() || caused_by_tls(error) {
+            Self::Tls(text)
+        } else if error.is_response() && text.ends_with(LETTRE_CONNECTION_CLOSED) {
+            Self::Io("the server closed the connection".into())
+        } else if error.is_response() || error.is_client() {
+            Self::Protocol(text)
+        } else {
+            Self::Io(text)
+        }
+    }
+}
+
+/// Sorts a failed step; `what` names it in the detail, e.g. `RCPT TO:<a@b>`.
+pub(super) fn classify(step: Step, what: &str, cause: Cause) -> StepError {
+    let (failure, class, text, connection_usable) = match cause {
+        Cause::Reply { code, text } => {
+            let permanent = code / 100 == 5;
+            let class = match step {
+                Step::Auth => ErrorClass::Auth,
+                _ if permanent && !step.is_about_the_mail() => ErrorClass::Protocol,
+                _ if permanent => ErrorClass::PermanentReply,
+                _ => ErrorClass::TemporaryReply,
+            };
+            let failure = if permanent && step.is_about_the_mail() {
+                Failure::ForGood
+            } else {
+                Failure::ForNow
+            };
+            let text = format!("{code} {text}").trim_end().to_owned();
+            (failure, class, text, code != SERVICE_CLOSING)
+        }
+        Cause::Timeout(text) => (Failure::ForNow, ErrorClass::Timeout, text, false),
+        Cause::Tls(text) => (Failure::ForNow, ErrorClass::Tls, text, false),
+        Cause::Protocol(text) | Cause::Io(text) if step == Step::StartTls => {
+            (Failure::ForNow, ErrorClass::Tls, text, false)
+        }
+        Cause::Protocol(text) | Cause::Io(text) if step == Step::Connect => {
+            (Failure::ForNow, ErrorClass::Connect, text, false)
+        }
+        Cause::Protocol(text) | Cause::Io(text) if step == Step::Auth => {
+            (Failure::ForNow, ErrorClass::Auth, text, false)
+        }
+        Cause::Protocol(text) => (Failure::ForNow, ErrorClass::Protocol, text, false),
+        Cause::Io(text) => (Failure::ForNow, ErrorClass::Io, text, false),
+    };
+    StepError {
+        step,
+        failure,
+        class,
+        detail: format!("{what}: {text}"),
+        connection_usable,
+    }
+}
+/// One error for a transaction whose recipients were refused: for good when any
+/// refusal is (a 5xx), even if a 4xx came first; else for now.
+pub(super) fn refused_recipients(refusals: Vec<StepError>) -> StepError {
+    let for_good = refusals.iter().any(|r| r.failure == Failure::ForGood);
+    let mut listed: Vec<&str> = refusals
+        .iter()
+        .take(MAX_LISTED_REFUSALS)
+        .map(|r| r.detail.as_str())
+        .collect();
+    let more = refusals.len().saturating_sub(MAX_LISTED_REFUSALS);
+    let more_note = format!("and {more} more");
+    if more > 0 {
+        listed.push(&more_note);
+    }
+    StepError {
+        step: Step::RcptTo,
+        failure: if for_good {
+            Failure::ForGood
+        } else {
+            Failure::ForNow
+        },
+        class: if for_good {
+            ErrorClass::PermanentReply
+        } else {
+            ErrorClass::TemporaryReply
+        },
+        detail: format!(
+            "recipients refused, so the mail went to no one: {}",
+            listed.join("; ")
+        ),
+        connection_usable: true,
+    }
+}
+
+/// Whether rustls is behind an error: lettre reports a failed handshake as a
+/// connection error around an I/O error around the rustls error.
+pub(super) fn caused_by_tls(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if error.is::<rustls::Error>() {
+            return true;
+        }
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+        {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,125 @@
+//! The worker's configuration: environment variables, each also a flag.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::consume::Worker;
+use crate::mail;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    /// The broker: amqp://user:pass@host:5672/vhost or amqps://…
+    #[arg(long, env = "MAIL_AMQP_URL", hide_env_values = true)]
+    pub amqp_url: String,
+    /// Where mail goes: smtp://[user:pass@]host[:port][?tls=required], smtps://…,
+    /// file:///dir or discard://
+    #[arg(long, env = "MAIL_PROVIDER_URL", hide_env_values = true)]
+    pub provider_url: String,
+    #[command(flatten)]
+    pub tuning: WorkerTuning,
+}
+
+/// Everything but the two URLs, shared with `mailer run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerTuning {
+    /// Attempts before a request that keeps failing for now is dead-lettered as gave-up.
+    #[arg(long, env = "MAIL_MAX_ATTEMPTS", default_value_t = mail::DEFAULT_MAX_ATTEMPTS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_attempts: u32,
+    /// Unacknowledged deliveries held, and processed, at once.
+    #[arg(long, env = "MAIL_PREFETCH", default_value_t = mail::DEFAULT_PREFETCH,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub prefetch: u16,
+    /// The queue to consume.
+    #[arg(long, env = "MAIL_QUEUE", default_value = mail::SEND_QUEUE)]
+    pub queue: String,
+    /// The exchange requests that failed for now are parked through.
+    #[arg(long, env = "MAIL_RETRY_EXCHANGE", default_value = mail::RETRY_EXCHANGE)]
+    pub retry_exchange: String,
+    /// The exchange requests that never will succeed are published to.
+    #[arg(long, env = "MAIL_DEAD_EXCHANGE", default_value = mail::DEAD_EXCHANGE)]
+    pub dead_exchange: String,
+    /// The routing key parked and dead requests are published with.
+    #[arg(long, env = "MAIL_SEND_KEY", default_value = mail::SEND_KEY)]
+    pub send_key: String,
+    /// Where /metrics, /livez and /readyz are served.
+    #[arg(long, env = "MAIL_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+    /// How long a stopping worker waits for deliveries in flight, e.g. 30s.
+    #[arg(long, env = "MAIL_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: Duration,
+}
+
+/// A value the worker cannot start with.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("MAIL_AMQP_URL: {0}")]
+    AmqpUrl(String),
+    #[error("MAIL_PROVIDER_URL: {0}")]
+    ProviderUrl(#[from] crate::provider::ProviderUrlError),
+}
+
+impl WorkerArgs {
+    /// Checks every value and builds the worker, or names the first value that is wrong.
+    pub fn into_worker(self) -> Result<Worker, ConfigError> {
+        let user = amqp_user(&self.amqp_url)?;
+        let provider = crate::provider::from_url(&self.provider_url)?;
+        let t = self.tuning;
+        Ok(Worker {
+            amqp_url: self.amqp_url,
+            user,
+            provider,
+            max_attempts: t.max_attempts,
+            prefetch: t.prefetch,
+            queue: t.queue,
+            retry_exchange: t.retry_exchange,
+            dead_exchange: t.dead_exchange,
+            send_key: t.send_key,
+            shutdown_timeout: t.shutdown_timeout,
+        })
+    }
+}
+
+/// The broker user of an AMQP URL (`guest` when it names none, as AMQP clients assume).
+pub fn amqp_user(amqp_url: &str) -> Result<String, ConfigError> {
+    let shown = crate::redact::redact_url(amqp_url);
+    let url = url::Url::parse(amqp_url).map_err(|e| {
+        ConfigError::AmqpUrl(format!(
+            "{shown} is not a URL ({e}); write it as amqp://USER:PASSWORD@HOST:5672/VHOST"
+        ))
+    })?;
+    if !matches!(url.scheme(), "amqp" | "amqps") || url.host_str().is_none() {
+        return Err(ConfigError::AmqpUrl(format!(
+            "{shown} is not an AMQP URL; write it as amqp://USER:PASSWORD@HOST:5672/VHOST (or amqps://)"
+        )));
+    }
+    let (user, _) = crate::redact::credentials(&url);
+    Ok(if user.is_empty() {
+        "guest".to_string()
+    } else {
+        user
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_user_comes_from_the_url() {
+        assert_eq!(
+            amqp_user("amqp://mailer%2Dw:pw@h:5672/shop").unwrap(),
+            "mailer-w"
+        );
+        assert_eq!(amqp_user("amqps://h").unwrap(), "guest");
+    }
+
+    #[test]
+    fn bad_urls_are_named_without_their_password() {
+        for url in ["http://u:hunter2@h", "nonsense", "amqp://u:hunter2@"] {
+            let e = amqp_user(url).unwrap_err().to_string();
+            assert!(e.starts_with("MAIL_AMQP_URL: "), "{e}");
+            assert!(!e.contains("hunter2"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! The worker's Prometheus metrics. Every label value comes from a small fixed set.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::mail::DeadReason;
+
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum OutcomeLabel {
+    Sent,
+    Parked,
+    DeadLettered,
+    /// The park or dead-letter publish failed; the delivery goes back to the broker.
+    Failed,
+}
+
+impl OutcomeLabel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sent => "sent",
+            Self::Parked => "parked",
+            Self::DeadLettered => "dead_lettered",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabels {
+    class: &'static str,
+}
+
+/// What the worker counts; cheap to clone-share behind an `Arc`.
+#[derive(Debug)]
+pub struct WorkerMetrics {
+    deliveries: Family<OutcomeLabels, Counter>,
+    dead_letters: Family<ReasonLabels, Counter>,
+    provider_errors: Family<ClassLabels, Counter>,
+    send_duration: Histogram,
+    in_flight: Gauge,
+}
+
+impl WorkerMetrics {
+    /// Registers the worker's metrics, named `mailer_worker_*`, in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            deliveries: Family::default(),
+            dead_letters: Family::default(),
+            provider_errors: Family::default(),
+            send_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            in_flight: Gauge::default(),
+        };
+        let registry = registry.sub_registry_with_prefix("mailer_worker");
+        registry.register(
+            "deliveries",
+            "Deliveries settled, by outcome",
+            metrics.deliveries.clone(),
+        );
+        registry.register(
+            "dead_letters",
+            "Requests dead-lettered, by reason",
+            metrics.dead_letters.clone(),
+        );
+        registry.register(
+            "provider_errors",
+            "Sends that failed, by class of failure",
+            metrics.provider_errors.clone(),
+        );
+        registry.register(
+            "send_duration_seconds",
+            "Time the provider took to accept or refuse a mail",
+            metrics.send_duration.clone(),
+        );
+        registry.register(
+            "in_flight",
+            "Deliveries being processed",
+            metrics.in_flight.clone(),
+        );
+        metrics
+    }
+
+    pub fn settled(&self, outcome: OutcomeLabel) {
+        self.deliveries
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.as_str(),
+            })
+            .inc();
+    }
+
+    pub fn dead_lettered(&self, reason: DeadReason) {
+        self.settled(OutcomeLabel::DeadLettered);
+        self.dead_letters
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
+            .inc();
+    }
+
+    pub fn provider_error(&self, class: &'static str) {
+        self.provider_errors
+            .get_or_create(&ClassLabels { class })
+            .inc();
+    }
+
+    pub fn send_took(&self, seconds: f64) {
+        self.send_duration.observe(seconds);
+    }
+
+    pub fn in_flight(&self) -> &Gauge {
+        &self.in_flight
+    }
+}

@@ -1,0 +1,13 @@
+//! `mailer worker`: consume mail requests, send them, park what failed for now and
+//! dead-letter what never will succeed.
+
+pub mod attempt;
+pub mod config;
+pub mod consume;
+pub mod metrics;
+pub mod outcome;
+pub mod publish;
+pub mod request;
+
+pub use config::WorkerArgs;
+pub use consume::{Worker, WorkerError};

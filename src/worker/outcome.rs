@@ -1,0 +1,171 @@
+//! What happens to a delivery, as a pure function of what happened while processing it.
+
+use crate::mail::DeadReason;
+
+/// What processing a delivery found out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempted {
+    /// The provider accepted the mail.
+    Sent,
+    /// The attempt header could not be read, so neither could the attempt.
+    MalformedAttempt { error: String },
+    /// The body is not a valid mail request.
+    MalformedRequest { attempt: u32, error: String },
+    /// The provider refused it for good (e.g. an SMTP 5xx).
+    FailedForGood { attempt: u32, error: String },
+    /// It failed for now (e.g. an SMTP 4xx, a refused connection, a timeout).
+    FailedForNow { attempt: u32, error: String },
+}
+
+/// What the worker does with the delivery before acknowledging it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Ack,
+    /// Publish to the retry exchange with this attempt number.
+    Park {
+        next_attempt: u32,
+    },
+    /// Publish to the dead-letter exchange with why.
+    DeadLetter {
+        reason: DeadReason,
+        attempts: u32,
+        error: String,
+    },
+}
+
+/// The outcome table of the design: sent is acked; malformed and refused-for-good are
+/// dead-lettered at once; failed-for-now is parked until `max_attempts` is reached, then
+/// given up.
+pub fn decide(attempted: Attempted, max_attempts: u32) -> Outcome {
+    match attempted {
+        Attempted::Sent => Outcome::Ack,
+        Attempted::MalformedAttempt { error } => Outcome::DeadLetter {
+            reason: DeadReason::Malformed,
+            attempts: 0,
+            error,
+        },
+        Attempted::MalformedRequest { attempt, error } => Outcome::DeadLetter {
+            reason: DeadReason::Malformed,
+            attempts: attempt,
+            error,
+        },
+        Attempted::FailedForGood { attempt, error } => Outcome::DeadLetter {
+            reason: DeadReason::Rejected,
+            attempts: attempt,
+            error,
+        },
+        Attempted::FailedForNow { attempt, error } if attempt >= max_attempts => {
+            Outcome::DeadLetter {
+                reason: DeadReason::GaveUp,
+                attempts: attempt,
+                error,
+            }
+        }
+        Attempted::FailedForNow { attempt, .. } => Outcome::Park {
+            next_attempt: attempt + 1,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e() -> String {
+        "boom".into()
+    }
+
+    #[test]
+    fn the_outcome_table() {
+        let cases = [
+            (Attempted::Sent, Outcome::Ack),
+            (
+                Attempted::MalformedAttempt { error: e() },
+                Outcome::DeadLetter {
+                    reason: DeadReason::Malformed,
+                    attempts: 0,
+                    error: e(),
+                },
+            ),
+            (
+                Attempted::MalformedRequest {
+                    attempt: 2,
+                    error: e(),
+                },
+                Outcome::DeadLetter {
+                    reason: DeadReason::Malformed,
+                    attempts: 2,
+                    error: e(),
+                },
+            ),
+            (
+                Attempted::FailedForGood {
+                    attempt: 1,
+                    error: e(),
+                },
+                Outcome::DeadLetter {
+                    reason: DeadReason::Rejected,
+                    attempts: 1,
+                    error: e(),
+                },
+            ),
+            (
+                Attempted::FailedForNow {
+                    attempt: 1,
+                    error: e(),
+                },
+                Outcome::Park { next_attempt: 2 },
+            ),
+            (
+                Attempted::FailedForNow {
+                    attempt: 4,
+                    error: e(),
+                },
+                Outcome::Park { next_attempt: 5 },
+            ),
+            (
+                Attempted::FailedForNow {
+                    attempt: 5,
+                    error: e(),
+                },
+                Outcome::DeadLetter {
+                    reason: DeadReason::GaveUp,
+                    attempts: 5,
+                    error: e(),
+                },
+            ),
+            (
+                Attempted::FailedForNow {
+                    attempt: 9,
+                    error: e(),
+                },
+                Outcome::DeadLetter {
+                    reason: DeadReason::GaveUp,
+                    attempts: 9,
+                    error: e(),
+                },
+            ),
+        ];
+        for (attempted, expected) in cases {
+            assert_eq!(decide(attempted.clone(), 5), expected, "{attempted:?}");
+        }
+    }
+
+    #[test]
+    fn one_attempt_allowed_gives_up_at_once() {
+        assert_eq!(
+            decide(
+                Attempted::FailedForNow {
+                    attempt: 1,
+                    error: e()
+                },
+                1
+            ),
+            Outcome::DeadLetter {
+                reason: DeadReason::GaveUp,
+                attempts: 1,
+                error: e()
+            }
+        );
+    }
+}

@@ -1,0 +1,436 @@
+use serde_json::{Value, json};
+
+use super::*;
+
+fn minimal() -> Value {
+    json!({
+        "from": "Shop <noreply@shop.example>",
+        "to": ["a@example.com"],
+        "subject": "Your order",
+        "text": "Thanks!"
+    })
+}
+
+fn with(field: &str, value: Value) -> Value {
+    let mut request = minimal();
+    request[field] = value;
+    request
+}
+
+fn without(field: &str) -> Value {
+    let mut request = minimal();
+    request.as_object_mut().expect("an object").remove(field);
+    request
+}
+
+fn parse(request: &Value) -> Result<Mail, RequestError> {
+    parse_request(request.to_string().as_bytes(), Some("order-42"))
+}
+
+fn error(request: &Value) -> String {
+    parse(request)
+        .expect_err("the request is refused")
+        .to_string()
+}
+
+fn formatted(mail: &Mail) -> String {
+    String::from_utf8(mail.formatted()).expect("the mail is UTF-8")
+}
+
+#[test]
+fn a_full_request_becomes_a_mail_with_every_field() {
+    let request = json!({
+        "from": "Shop <noreply@shop.example>",
+        "to": ["a@example.com", "B <b@example.com>"],
+        "cc": ["c@example.com"],
+        "bcc": ["d@example.com"],
+        "reply_to": "help@shop.example",
+        "subject": "Your order",
+        "text": "Thanks!",
+        "html": "<p>Thanks!</p>",
+        "headers": {"X-Campaign": "autumn"}
+    });
+    let mail = parse(&request).expect("the request is valid");
+    let text = formatted(&mail);
+    assert!(
+        text.contains("From: Shop <noreply@shop.example>\r\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("To: a@example.com, B <b@example.com>\r\n"),
+        "{text}"
+    );
+    assert!(text.contains("Cc: c@example.com\r\n"), "{text}");
+    assert!(text.contains("Reply-To: help@shop.example\r\n"), "{text}");
+    assert!(text.contains("Subject: Your order\r\n"), "{text}");
+    assert!(text.contains("X-Campaign: autumn\r\n"), "{text}");
+    assert!(
+        text.contains("Message-ID: <order-42@shop.example>\r\n"),
+        "{text}"
+    );
+    assert!(!text.contains("d@example.com"), "Bcc must not show: {text}");
+
+    let envelope = mail.envelope();
+    assert_eq!(
+        envelope.from().map(ToString::to_string).as_deref(),
+        Some("noreply@shop.example")
+    );
+    let recipients: Vec<String> = envelope.to().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        recipients,
+        [
+            "a@example.com",
+            "b@example.com",
+            "c@example.com",
+            "d@example.com"
+        ]
+    );
+}
+
+#[test]
+fn text_alone_is_a_plain_text_mail() {
+    let text = formatted(&parse(&minimal()).expect("valid"));
+    assert!(
+        text.contains("Content-Type: text/plain; charset=utf-8"),
+        "{text}"
+    );
+    assert!(!text.contains("multipart"), "{text}");
+    assert!(text.contains("Thanks!"), "{text}");
+}
+
+#[test]
+fn html_alone_is_an_html_mail() {
+    let mut request = without("text");
+    request["html"] = json!("<p>Hi</p>");
+    let text = formatted(&parse(&request).expect("valid"));
+    assert!(
+        text.contains("Content-Type: text/html; charset=utf-8"),
+        "{text}"
+    );
+    assert!(!text.contains("text/plain"), "{text}");
+}
+
+#[test]
+fn text_and_html_are_multipart_alternative() {
+    let text = formatted(&parse(&with("html", json!("<p>Hi</p>"))).expect("valid"));
+    assert!(text.contains("multipart/alternative"), "{text}");
+    let plain = text.find("text/plain").expect("a text part");
+    let html = text.find("text/html").expect("an html part");
+    assert!(plain < html, "the text part comes first: {text}");
+}
+
+#[test]
+fn a_mail_needs_a_body() {
+    let message = "text and html are both missing or empty; at least one is needed";
+    assert_eq!(error(&without("text")), message);
+    assert_eq!(error(&with("text", json!(""))), message);
+    assert_eq!(error(&with("text", Value::Null)), message);
+}
+
+#[test]
+fn required_fields_are_named_when_missing() {
+    for field in ["from", "subject"] {
+        let message = error(&without(field));
+        assert!(
+            message.contains(&format!("missing field `{field}`")),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn a_mail_needs_a_recipient_in_to_cc_or_bcc() {
+    let message = "to, cc and bcc name no recipient; at least one is needed";
+    assert_eq!(error(&without("to")), message);
+    assert_eq!(error(&with("to", json!([]))), message);
+    let mut only_bcc = without("to");
+    only_bcc["bcc"] = json!(["x@example.com"]);
+    assert!(parse(&only_bcc).is_ok());
+}
+
+#[test]
+fn unknown_fields_are_refused() {
+    let message = error(&with("subjcet", json!("typo")));
+    assert!(message.contains("unknown field `subjcet`"), "{message}");
+}
+
+#[test]
+fn bad_addresses_are_named_by_field_and_index() {
+    assert_eq!(
+        error(&with("to", json!(["a@example.com", "bob@"]))),
+        r#"to[1]: "bob@" is not an email address"#
+    );
+    assert_eq!(
+        error(&with("from", json!("not an address"))),
+        r#"from: "not an address" is not an email address"#
+    );
+    assert_eq!(
+        error(&with("cc", json!(["@example.com"]))),
+        r#"cc[0]: "@example.com" is not an email address"#
+    );
+    assert_eq!(
+        error(&with("bcc", json!(["a@example.com, b@example.com"]))),
+        r#"bcc[0]: "a@example.com, b@example.com" is not an email address"#
+    );
+    assert_eq!(
+        error(&with("reply_to", json!("nobody"))),
+        r#"reply_to: "nobody" is not an email address"#
+    );
+}
+
+#[test]
+fn a_long_bad_value_is_cut_short_in_the_error() {
+    let long = "x".repeat(5000);
+    let message = error(&with("from", json!(long)));
+    assert!(message.len() < 200, "{message}");
+    assert!(message.contains('…'), "{message}");
+}
+
+#[test]
+fn line_breaks_in_any_header_are_refused() {
+    assert_eq!(
+        error(&with("subject", json!("Hi\r\nBcc: victim@example.com"))),
+        "subject contains a line break"
+    );
+    assert_eq!(
+        error(&with("subject", json!("Hi\nthere"))),
+        "subject contains a line break"
+    );
+    assert_eq!(
+        error(&with("from", json!("a@example.com\r\nBcc: v@example.com"))),
+        "from contains a line break"
+    );
+    assert_eq!(
+        error(&with(
+            "to",
+            json!(["a@example.com", "b@example.com\nBcc: v@x.example"])
+        )),
+        "to[1] contains a line break"
+    );
+    assert_eq!(
+        error(&with("cc", json!(["Eve\r <e@example.com>"]))),
+        "cc[0] contains a line break"
+    );
+    assert_eq!(
+        error(&with("reply_to", json!("r@example.com\n"))),
+        "reply_to contains a line break"
+    );
+    assert_eq!(
+        error(&with("headers", json!({"X-A": "1\r\nBcc: v@example.com"}))),
+        r#"headers["X-A"] contains a line break"#
+    );
+    assert_eq!(
+        error(&with("headers", json!({"X-A\r\nBcc": "v@example.com"}))),
+        "a header name contains a line break"
+    );
+}
+
+#[test]
+fn other_control_characters_are_refused_but_a_tab_is_fine() {
+    assert_eq!(
+        error(&with("subject", json!("Hi\u{0}"))),
+        "subject contains a control character"
+    );
+    assert!(parse(&with("subject", json!("Hi\tthere"))).is_ok());
+}
+
+#[test]
+fn header_names_must_be_field_names() {
+    for name in ["X Campaign", "X:Campaign", "", "Ünïcode", &"X".repeat(77)] {
+        let message = error(&with("headers", json!({ name: "v" })));
+        assert!(
+            message.starts_with("headers: ") && message.contains("is not a header field name"),
+            "{name:?}: {message}"
+        );
+    }
+}
+
+#[test]
+fn headers_the_mailer_sets_are_refused_in_any_case() {
+    for name in [
+        "From",
+        "to",
+        "CC",
+        "Bcc",
+        "Reply-To",
+        "Sender",
+        "subject",
+        "Message-ID",
+        "Date",
+        "MIME-Version",
+        "Return-Path",
+        "Content-Type",
+        "content-transfer-encoding",
+        "Content-Disposition",
+    ] {
+        assert_eq!(
+            error(&with("headers", json!({ name: "x" }))),
+            format!(
+                "headers: {name:?} is set by the mailer and cannot be given as an extra header"
+            ),
+        );
+    }
+}
+
+#[test]
+fn a_header_given_twice_in_different_case_is_refused() {
+    assert_eq!(
+        error(&with("headers", json!({"X-Tag": "a", "x-tag": "b"}))),
+        r#"headers: "x-tag" is given more than once (header names ignore case)"#
+    );
+}
+
+#[test]
+fn the_size_limit_is_checked_before_parsing() {
+    let too_big = vec![b' '; mail::MAX_REQUEST_BYTES + 1];
+    assert_eq!(
+        parse_request(&too_big, None)
+            .expect_err("too big")
+            .to_string(),
+        format!(
+            "the request is {} bytes; at most {} are accepted",
+            mail::MAX_REQUEST_BYTES + 1,
+            mail::MAX_REQUEST_BYTES
+        )
+    );
+    let mut just_fits = minimal().to_string().into_bytes();
+    just_fits.resize(mail::MAX_REQUEST_BYTES, b' ');
+    assert!(parse_request(&just_fits, None).is_ok());
+}
+
+#[test]
+fn a_body_that_is_not_json_is_refused() {
+    let message = parse_request(b"{\"from\": ", None)
+        .expect_err("not JSON")
+        .to_string();
+    assert!(
+        message.starts_with("the request is not a mail request: "),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_parser_error_quoting_a_long_value_is_cut_short() {
+    let message = error(&with("to", json!("x".repeat(5000))));
+    assert!(message.contains("invalid type"), "{message}");
+    assert!(message.chars().count() < 400, "{message}");
+}
+
+#[test]
+fn the_message_id_takes_the_domain_of_from_unless_it_has_one() {
+    let id = |amqp: &str| {
+        parse_request(minimal().to_string().as_bytes(), Some(amqp))
+            .map(|mail| mail.message_id().to_owned())
+    };
+    assert_eq!(id("order-42").as_deref(), Ok("<order-42@shop.example>"));
+    assert_eq!(
+        id("order-42@orders.example").as_deref(),
+        Ok("<order-42@orders.example>")
+    );
+    let mail = parse(&minimal()).expect("valid");
+    assert!(formatted(&mail).contains("Message-ID: <order-42@shop.example>\r\n"));
+}
+
+#[test]
+fn the_same_request_id_gives_the_same_message_id_on_every_attempt() {
+    let first = parse(&minimal()).expect("valid");
+    let second = parse(&minimal()).expect("valid");
+    assert_eq!(first.message_id(), second.message_id());
+}
+
+#[test]
+fn without_a_message_id_a_random_one_at_the_domain_of_from_is_made() {
+    let body = minimal().to_string();
+    let first = parse_request(body.as_bytes(), None).expect("valid");
+    let second = parse_request(body.as_bytes(), None).expect("valid");
+    assert_ne!(first.message_id(), second.message_id());
+    let id = first.message_id();
+    assert!(
+        id.starts_with('<') && id.ends_with("@shop.example>"),
+        "{id}"
+    );
+    assert_eq!(id.len(), "<@shop.example>".len() + 32, "{id}");
+}
+
+#[test]
+fn malformed_message_ids_are_refused() {
+    for (amqp, problem) in [
+        ("", "is empty"),
+        ("a\r\nBcc: x", "contains a line break"),
+        ("a>b", "contains \"<\" or \">\""),
+        ("<a@b>", "contains \"<\" or \">\""),
+        ("a b", "contains whitespace"),
+        ("a\tb", "contains whitespace"),
+        ("ä", "contains a character that is not printable ASCII"),
+    ] {
+        let message = parse_request(minimal().to_string().as_bytes(), Some(amqp))
+            .expect_err("malformed")
+            .to_string();
+        assert_eq!(
+            message,
+            format!("the message id {amqp:?} is malformed: it {problem}")
+        );
+    }
+}
+
+#[test]
+fn errors_never_quote_the_body() {
+    let mut request = with("text", json!("SECRET BODY"));
+    request["to"] = json!(["bob@"]);
+    assert!(!error(&request).contains("SECRET"));
+}
+
+#[test]
+fn the_debug_form_of_a_mail_leaves_out_its_body() {
+    let shown = format!(
+        "{:?}",
+        parse(&with("text", json!("SECRET BODY"))).expect("valid")
+    );
+    assert!(!shown.contains("SECRET"), "{shown}");
+    assert!(shown.contains("order-42@shop.example"), "{shown}");
+}
+
+#[test]
+fn a_request_round_trips_through_json() {
+    let request: MailRequest = serde_json::from_value(minimal()).expect("valid");
+    assert_eq!(
+        serde_json::to_value(&request).expect("serializes"),
+        minimal()
+    );
+}
+
+/// The published schema must match the type. After changing `MailRequest`, regenerate
+/// it with `UPDATE_SCHEMAS=1 cargo test --lib` and commit the file.
+#[test]
+fn the_checked_in_schema_is_up_to_date() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("schemas")
+        .join("mail-request.schema.json");
+    let generated = serde_json::to_string_pretty(&request_schema()).expect("serializes") + "\n";
+    if std::env::var_os("UPDATE_SCHEMAS").is_some() {
+        std::fs::write(&path, &generated).expect("the schema is written");
+    }
+    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        checked_in == generated,
+        "{} is out of date; regenerate it with UPDATE_SCHEMAS=1 cargo test --lib",
+        path.display()
+    );
+}
+
+#[test]
+fn the_schema_describes_every_field_and_refuses_unknown_ones() {
+    let schema = request_schema();
+    assert_eq!(schema["additionalProperties"], json!(false));
+    let required = schema["required"].as_array().expect("required fields");
+    assert!(required.contains(&json!("from")) && required.contains(&json!("subject")));
+    let properties = schema["properties"].as_object().expect("properties");
+    for field in [
+        "from", "to", "cc", "bcc", "reply_to", "subject", "text", "html", "headers",
+    ] {
+        let description = properties[field]["description"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(!description.is_empty(), "{field} has no description");
+    }
+}

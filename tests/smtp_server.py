@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""An SMTP server for the provider tests, built on aiosmtpd (pip install aiosmtpd).
+
+    python3 tests/smtp_server.py PORT MAIL_DIR
+
+Listens on 127.0.0.1:PORT (0 picks a free port) and prints "READY <port>" once it
+accepts connections. It answers each RCPT by the local part of the address:
+
+    anything+450@...  ->  450 4.2.0 mailbox busy
+    anything+550@...  ->  550 5.1.1 no such user
+    anything else     ->  250 OK
+
+Each accepted mail is stored as MAIL_DIR/<n>.eml (written to a temporary name and then
+renamed, so a reader never sees half a mail). Each EHLO or HELO, that is each SMTP
+session, appends a line to MAIL_DIR/sessions.log, so tests can count connections.
+Exits on SIGTERM or SIGINT.
+"""
+
+import itertools
+import os
+import signal
+import sys
+import threading
+
+from aiosmtpd.controller import Controller
+
+
+class Handler:
+    def __init__(self, mail_dir):
+        self.mail_dir = mail_dir
+        self.numbers = itertools.count(1)
+
+    def _log_session(self, hostname):
+        with open(os.path.join(self.mail_dir, "sessions.log"), "a") as log:
+            log.write(f"{hostname}\n")
+
+    async def handle_EHLO(self, server, session, envelope, hostname, responses):
+        session.host_name = hostname
+        self._log_session(hostname)
+        return responses
+
+    async def handle_HELO(self, server, session, envelope, hostname):
+        session.host_name = hostname
+        self._log_session(hostname)
+        return f"250 {server.hostname}"
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        local_part = address.rsplit("@", 1)[0]
+        if local_part.endswith("+450"):
+            return "450 4.2.0 mailbox busy"
+        if local_part.endswith("+550"):
+            return "550 5.1.1 no such user"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server, session, envelope):
+        number = next(self.numbers)
+        final = os.path.join(self.mail_dir, f"{number}.eml")
+        temporary = os.path.join(self.mail_dir, f".{number}.tmp")
+        with open(temporary, "wb") as mail:
+            mail.write(envelope.original_content)
+        os.rename(temporary, final)
+        return "250 2.0.0 stored"
+
+
+class AnyPortController(Controller):
+    """A Controller that may listen on port 0: it learns the port the system chose
+    before aiosmtpd connects to itself to check that it is up."""
+
+    def _trigger_server(self):
+        if self.port == 0 and self.server is not None:
+            self.port = self.server.sockets[0].getsockname()[1]
+        super()._trigger_server()
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: smtp_server.py PORT MAIL_DIR")
+    port, mail_dir = int(sys.argv[1]), sys.argv[2]
+    os.makedirs(mail_dir, exist_ok=True)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    controller = AnyPortController(Handler(mail_dir), hostname="127.0.0.1", port=port)
+    controller.start()
+    print(f"READY {controller.port}", flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        controller.stop()
+
+
+if __name__ == "__main__":
+    main()

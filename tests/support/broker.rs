@@ -1,0 +1,170 @@
+//! The real RabbitMQ every integration test talks to, and a vhost of its own per test.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use mailer::topology::{Management, ManagementEndpoint};
+
+pub const MANAGEMENT_URL: &str = "http://guest:guest@127.0.0.1:15672";
+pub const AMQP_BASE: &str = "amqp://guest:guest@127.0.0.1:5672";
+
+/// A vhost made for one test, deleted when the value is dropped, so runs never see each
+/// other's state.
+pub struct TestVhost {
+    pub name: String,
+}
+
+impl TestVhost {
+    /// A fresh, not yet created vhost name; `apply` creates it.
+    pub fn fresh(test: &str) -> Self {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("mailer-test-{test}-{}-{n}", std::process::id());
+        let vhost = Self { name };
+        vhost.delete_now();
+        vhost
+    }
+
+    /// A fresh vhost that exists, with guest given full permissions on it.
+    pub async fn created(test: &str) -> Self {
+        let vhost = Self::fresh(test);
+        let api = raw_api();
+        api.create_vhost(&rabbitmq_http_client::requests::VirtualHostParams {
+            name: &vhost.name,
+            description: None,
+            tags: None,
+            default_queue_type: None,
+            tracing: false,
+        })
+        .await
+        .expect("create the test vhost");
+        api.grant_full_permissions("guest", &vhost.name)
+            .await
+            .expect("grant guest permissions");
+        vhost
+    }
+
+    pub fn amqp_url(&self) -> String {
+        mailer::topology::live::with_vhost(AMQP_BASE, &self.name).expect("AMQP URL")
+    }
+
+    pub async fn connect(&self) -> Connection {
+        Connection::connect(&self.amqp_url(), ConnectionProperties::default())
+            .await
+            .expect("connect over AMQP")
+    }
+
+    fn delete_now(&self) {
+        let name = self.name.clone();
+        // Drop cannot be async: delete on a runtime of its own, on a thread of its own.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async { raw_api().delete_vhost(&name, true).await.is_ok() })
+        })
+        .join();
+    }
+}
+
+impl Drop for TestVhost {
+    fn drop(&mut self) {
+        self.delete_now();
+    }
+}
+
+pub fn management() -> Management {
+    Management::new(&ManagementEndpoint::parse(MANAGEMENT_URL).expect("endpoint")).expect("client")
+}
+
+/// The management API without any of the mailer's code in between, to check what the
+/// broker really holds.
+pub fn raw_api() -> rabbitmq_http_client::api::Client<&'static str, &'static str, &'static str> {
+    mailer::install_crypto_provider();
+    rabbitmq_http_client::api::Client::new("http://127.0.0.1:15672/api", "guest", "guest")
+}
+
+/// A channel with publisher confirms on.
+pub async fn confirming_channel(connection: &Connection) -> Channel {
+    let channel = connection.create_channel().await.expect("channel");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    channel
+}
+
+/// Publishes and waits for the broker's confirm.
+pub async fn publish(
+    channel: &Channel,
+    exchange: &str,
+    key: &str,
+    body: &[u8],
+    properties: BasicProperties,
+) {
+    let confirm = channel
+        .basic_publish(
+            exchange.into(),
+            key.into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            body,
+            properties,
+        )
+        .await
+        .expect("publish");
+    let confirmation = confirm.await.expect("confirm");
+    assert!(
+        confirmation.is_ack(),
+        "the broker did not ack the publish to {exchange}: {confirmation:?}"
+    );
+    assert!(
+        confirmation.take_message().is_none(),
+        "the publish to {exchange} was returned as unroutable"
+    );
+}
+
+/// Polls `queue` with basic.get until a message arrives or `within` passes.
+pub async fn get_within(
+    channel: &Channel,
+    queue: &str,
+    within: Duration,
+) -> Option<lapin::message::BasicGetMessage> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(message) = channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: false })
+            .await
+            .expect("basic.get")
+        {
+            return Some(message);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn no_args() -> FieldTable {
+    FieldTable::default()
+}
+
+/// Removes the `mail.retry` -> `mail.send.retry` binding by hand, as an operator might.
+pub async fn remove_retry_binding(vhost: &TestVhost) {
+    let binding = mailer::topology::desired::Binding {
+        exchange: "mail.retry".into(),
+        queue: "mail.send.retry".into(),
+        routing_key: "mail.send".into(),
+    };
+    management()
+        .delete_binding(&vhost.name, &binding)
+        .await
+        .expect("remove the binding");
+}

@@ -1,0 +1,4 @@
+//! Shared by the integration test binaries; each uses only part of it.
+
+pub mod broker;
+pub mod smtp;

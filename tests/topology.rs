@@ -1,0 +1,641 @@
+//! The topology reconciler against the real RabbitMQ: what apply creates, that a second
+//! apply writes nothing, drift, conflicts, deletion, and that the policies really work.
+
+pub mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use lapin::BasicProperties;
+use lapin::options::{BasicAckOptions, BasicNackOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use mailer::spec::{DeletionPolicy, MailerPipelineSpec};
+use mailer::topology::reconcile::EmptinessCheck;
+use mailer::topology::{self, Topology, TopologyError};
+use rabbitmq_http_client::commons::BindingDestinationType;
+use serde_json::{Value, json};
+use support::broker::{
+    self, TestVhost, confirming_channel, get_within, management, publish, raw_api,
+};
+
+fn spec(vhost: &str, extra: &str) -> MailerPipelineSpec {
+    serde_yaml::from_str(&format!("rabbitmq: {{vhost: {vhost}}}\n{extra}")).expect("spec")
+}
+
+fn desired(vhost: &str, extra: &str) -> Topology {
+    Topology::desired(&spec(vhost, extra)).expect("topology")
+}
+
+#[tokio::test]
+async fn a_fresh_apply_creates_exactly_the_designs_objects() {
+    let vhost = TestVhost::fresh("fresh");
+    let m = management();
+    let changes = topology::apply(&m, &desired(&vhost.name, ""))
+        .await
+        .expect("apply");
+    assert_eq!(changes.len(), 12, "{changes:#?}");
+
+    let api = raw_api();
+    let mut exchanges: Vec<(String, String, bool, bool)> = api
+        .list_exchanges_in(&vhost.name)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| !e.name.is_empty() && !e.name.starts_with("amq."))
+        .map(|e| (e.name, e.exchange_type, e.durable, e.auto_delete))
+        .collect();
+    exchanges.sort();
+    assert_eq!(
+        exchanges,
+        [
+            ("mail".into(), "direct".into(), true, false),
+            ("mail.dead".into(), "fanout".into(), true, false),
+            ("mail.retry".into(), "direct".into(), true, false),
+        ]
+    );
+
+    let mut queues: Vec<(String, String, bool, Value)> = api
+        .list_queues_in(&vhost.name)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|q| {
+            (
+                q.name,
+                q.queue_type,
+                q.durable,
+                Value::Object(q.arguments.0),
+            )
+        })
+        .collect();
+    queues.sort_by(|a, b| a.0.cmp(&b.0));
+    let quorum = json!({"x-queue-type": "quorum"});
+    assert_eq!(
+        queues,
+        [
+            ("mail.send".into(), "quorum".into(), true, quorum.clone()),
+            (
+                "mail.send.dead".into(),
+                "quorum".into(),
+                true,
+                quorum.clone()
+            ),
+            ("mail.send.retry".into(), "quorum".into(), true, quorum),
+        ]
+    );
+
+    let mut bindings: Vec<(String, String, String)> = api
+        .list_bindings_in(&vhost.name)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|b| !b.source.is_empty() && b.destination_type == BindingDestinationType::Queue)
+        .map(|b| (b.source, b.destination, b.routing_key))
+        .collect();
+    bindings.sort();
+    assert_eq!(
+        bindings,
+        [
+            ("mail".into(), "mail.send".into(), "mail.send".into()),
+            ("mail.dead".into(), "mail.send.dead".into(), "".into()),
+            (
+                "mail.retry".into(),
+                "mail.send.retry".into(),
+                "mail.send".into()
+            ),
+        ]
+    );
+
+    let mut policies: Vec<(String, String, Value)> = api
+        .list_policies_in(&vhost.name)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| {
+            (
+                p.name,
+                p.pattern,
+                Value::Object(p.definition.0.unwrap_or_default()),
+            )
+        })
+        .collect();
+    policies.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        policies,
+        [
+            (
+                "mailer.mail.send".into(),
+                r"^mail\.send$".into(),
+                json!({"delivery-limit": 5, "dead-letter-exchange": "mail.dead", "dead-letter-strategy": "at-least-once", "overflow": "reject-publish"})
+            ),
+            (
+                "mailer.mail.send.retry".into(),
+                r"^mail\.send\.retry$".into(),
+                json!({"message-ttl": 300000, "dead-letter-exchange": "mail", "dead-letter-routing-key": "mail.send", "dead-letter-strategy": "at-least-once", "overflow": "reject-publish"})
+            ),
+        ]
+    );
+
+    // Each policy is the one in force on exactly its own queue. The API reports the
+    // policy in force from its statistics, which lag, so wait for it with a deadline.
+    for (queue, policy) in [
+        ("mail.send", Some("mailer.mail.send")),
+        ("mail.send.retry", Some("mailer.mail.send.retry")),
+    ] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let found = api.get_queue_info(&vhost.name, queue).await.unwrap().policy;
+            if found.as_deref() == policy {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{queue}: policy in force is {found:?}, not {policy:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    assert_eq!(
+        api.get_queue_info(&vhost.name, "mail.send.dead")
+            .await
+            .unwrap()
+            .policy,
+        None
+    );
+}
+
+#[tokio::test]
+async fn a_second_apply_of_an_unchanged_spec_writes_nothing() {
+    let vhost = TestVhost::fresh("idempotent");
+    let t = desired(
+        &vhost.name,
+        "topology: {retryQueueMaxLength: 100, deadQueueMaxLength: 10}",
+    );
+    topology::apply(&management(), &t)
+        .await
+        .expect("first apply");
+
+    let m = management();
+    assert_eq!(topology::plan(&m, &t).await.expect("plan"), vec![]);
+    assert_eq!(topology::apply(&m, &t).await.expect("second apply"), vec![]);
+    assert_eq!(m.writes(), 0, "an apply in sync must only read");
+}
+
+#[tokio::test]
+async fn drift_made_by_hand_is_repaired() {
+    let vhost = TestVhost::fresh("drift");
+    let t = desired(&vhost.name, "");
+    topology::apply(&management(), &t).await.expect("apply");
+
+    let api = raw_api();
+    api.delete_policy(&vhost.name, "mailer.mail.send", false)
+        .await
+        .unwrap();
+    let mut edited = rabbitmq_http_client::requests::PolicyParams {
+        vhost: &vhost.name,
+        name: "mailer.mail.send.retry",
+        pattern: r"^mail\.send\.retry$",
+        apply_to: rabbitmq_http_client::commons::PolicyTarget::Queues,
+        priority: 10,
+        definition: serde_json::Map::new(),
+    };
+    edited.definition.insert("message-ttl".into(), json!(1000));
+    api.declare_policy(&edited).await.unwrap();
+    support::broker::remove_retry_binding(&vhost).await;
+
+    let changes: Vec<String> = topology::apply(&management(), &t)
+        .await
+        .expect("repair")
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(changes.len(), 3, "{changes:#?}");
+    assert!(
+        changes[0].starts_with("create binding mail.retry -> mail.send.retry"),
+        "{changes:?}"
+    );
+    assert!(
+        changes[1].starts_with("create policy mailer.mail.send "),
+        "{changes:?}"
+    );
+    assert!(
+        changes[2].starts_with("update policy mailer.mail.send.retry: "),
+        "{changes:?}"
+    );
+    assert!(
+        changes[2].contains("message-ttl 1000 -> 300000"),
+        "{changes:?}"
+    );
+
+    let m = management();
+    assert_eq!(topology::apply(&m, &t).await.expect("in sync"), vec![]);
+    assert_eq!(m.writes(), 0);
+}
+
+#[tokio::test]
+async fn a_classic_queue_in_the_way_is_reported_and_left_untouched() {
+    let vhost = TestVhost::created("classic").await;
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    channel
+        .queue_declare(
+            "mail.send".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    publish(
+        &channel,
+        "",
+        "mail.send",
+        b"precious",
+        BasicProperties::default(),
+    )
+    .await;
+
+    let m = management();
+    let err = topology::apply(&m, &desired(&vhost.name, ""))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, TopologyError::Conflict { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains(r#"queue "mail.send" exists but is a classic queue, not quorum"#),
+        "{text}"
+    );
+    assert!(text.contains("choose another name"), "{text}");
+    assert_eq!(
+        m.writes(),
+        0,
+        "nothing may be written while a conflict remains"
+    );
+
+    let q = raw_api()
+        .get_queue_info(&vhost.name, "mail.send")
+        .await
+        .unwrap();
+    assert_eq!(q.queue_type, "classic");
+    let message = get_within(&channel, "mail.send", Duration::from_secs(5))
+        .await
+        .expect("the message is still there");
+    assert_eq!(message.delivery.data, b"precious");
+}
+
+#[tokio::test]
+async fn retain_removes_nothing() {
+    let vhost = TestVhost::fresh("retain");
+    let t = desired(&vhost.name, "");
+    topology::apply(&management(), &t).await.unwrap();
+    let m = management();
+    let report = topology::delete(&m, &t, DeletionPolicy::Retain, EmptinessCheck::Force)
+        .await
+        .unwrap();
+    assert!(report.removed.is_empty());
+    assert_eq!(m.writes(), 0);
+    assert_eq!(
+        topology::plan(&management(), &t).await.unwrap(),
+        vec![],
+        "everything is still there"
+    );
+}
+
+#[tokio::test]
+async fn delete_keeps_a_queue_that_holds_mail_unless_forced() {
+    let vhost = TestVhost::fresh("delete");
+    let t = desired(&vhost.name, "topology: {deletionPolicy: Delete}");
+    topology::apply(&management(), &t).await.unwrap();
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    publish(
+        &channel,
+        "mail.dead",
+        "mail.send",
+        b"dead letter",
+        BasicProperties::default(),
+    )
+    .await;
+
+    let report = topology::delete(
+        &management(),
+        &t,
+        DeletionPolicy::Delete,
+        EmptinessCheck::Live(&vhost.amqp_url()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        report.removed,
+        [
+            "binding mail -> mail.send",
+            "binding mail.retry -> mail.send.retry",
+            "binding mail.dead -> mail.send.dead",
+            "exchange mail",
+            "exchange mail.retry",
+            "exchange mail.dead",
+            "queue mail.send",
+            "queue mail.send.retry",
+            "policy mailer.mail.send",
+            "policy mailer.mail.send.retry",
+        ]
+    );
+    assert_eq!(report.kept.len(), 1, "{report:?}");
+    assert!(
+        report.kept[0].starts_with("queue mail.send.dead: it holds 1 messages"),
+        "{report:?}"
+    );
+    let names: Vec<String> = raw_api()
+        .list_queues_in(&vhost.name)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|q| q.name)
+        .collect();
+    assert_eq!(names, ["mail.send.dead"]);
+
+    let report = topology::delete(
+        &management(),
+        &t,
+        DeletionPolicy::Delete,
+        EmptinessCheck::Force,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.removed, ["queue mail.send.dead"]);
+    assert!(
+        raw_api()
+            .list_queues_in(&vhost.name)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn delete_of_a_missing_vhost_or_an_unreachable_broker_is_not_an_error() {
+    let vhost = TestVhost::fresh("gone");
+    let t = desired(&vhost.name, "");
+    let report = topology::delete(
+        &management(),
+        &t,
+        DeletionPolicy::Delete,
+        EmptinessCheck::Force,
+    )
+    .await
+    .unwrap();
+    assert!(report.removed.is_empty());
+    assert!(report.kept[0].contains("does not exist"), "{report:?}");
+
+    let closed =
+        mailer::topology::ManagementEndpoint::parse("http://guest:guest@127.0.0.1:1").unwrap();
+    let m = mailer::topology::Management::new(&closed).unwrap();
+    let report = topology::delete(&m, &t, DeletionPolicy::Delete, EmptinessCheck::Force)
+        .await
+        .unwrap();
+    assert!(report.kept[0].contains("cannot reach"), "{report:?}");
+}
+
+#[tokio::test]
+async fn a_parked_request_comes_back_to_the_send_queue_after_the_delay() {
+    let vhost = TestVhost::fresh("ttl");
+    topology::apply(
+        &management(),
+        &desired(&vhost.name, "topology: {retryDelay: 1s}"),
+    )
+    .await
+    .unwrap();
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    let started = std::time::Instant::now();
+    publish(
+        &channel,
+        "mail.retry",
+        "mail.send",
+        b"later",
+        BasicProperties::default(),
+    )
+    .await;
+
+    let message = get_within(&channel, "mail.send", Duration::from_secs(15))
+        .await
+        .expect("back in mail.send");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "it came back before the delay: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(message.delivery.data, b"later");
+    let headers = message
+        .delivery
+        .properties
+        .headers()
+        .clone()
+        .unwrap_or_default();
+    let reason = x_death_field(&headers, "reason");
+    assert_eq!(reason.as_deref(), Some("expired"), "{headers:?}");
+}
+
+#[tokio::test]
+async fn a_request_returned_six_times_lands_in_the_dead_queue() {
+    let vhost = TestVhost::fresh("limit");
+    topology::apply(&management(), &desired(&vhost.name, ""))
+        .await
+        .unwrap();
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    publish(
+        &channel,
+        "mail",
+        "mail.send",
+        b"poison",
+        BasicProperties::default(),
+    )
+    .await;
+
+    let mut deliveries = 0;
+    while let Some(message) = get_within(&channel, "mail.send", Duration::from_secs(2)).await {
+        deliveries += 1;
+        assert!(
+            deliveries <= 6,
+            "delivered more often than the limit allows"
+        );
+        message
+            .delivery
+            .acker
+            .nack(BasicNackOptions {
+                requeue: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        deliveries, 6,
+        "the delivery limit of 5 allows five returns and dead-letters on the sixth"
+    );
+
+    let dead = get_within(&channel, "mail.send.dead", Duration::from_secs(10))
+        .await
+        .expect("dead-lettered");
+    assert_eq!(dead.delivery.data, b"poison");
+    let headers = dead
+        .delivery
+        .properties
+        .headers()
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(
+        text(headers.inner().get("x-first-death-reason")).as_deref(),
+        Some("delivery_limit"),
+        "{headers:?}"
+    );
+    dead.delivery
+        .acker
+        .ack(BasicAckOptions::default())
+        .await
+        .unwrap();
+}
+
+/// A field of the newest `x-death` entry.
+fn x_death_field(headers: &FieldTable, field: &str) -> Option<String> {
+    let AMQPValue::FieldArray(deaths) = headers.inner().get("x-death")? else {
+        return None;
+    };
+    let AMQPValue::FieldTable(first) = deaths.as_slice().first()? else {
+        return None;
+    };
+    text(first.inner().get(field))
+}
+
+fn text(value: Option<&AMQPValue>) -> Option<String> {
+    match value? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.to_string()),
+        other => Some(format!("{other:?}")),
+    }
+}
+
+fn mailer(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_mailer"))
+        .args(args)
+        .env_remove("RABBITMQ_MANAGEMENT_URL")
+        .output()
+        .unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_cli_plans_applies_and_reports_no_change() {
+    let vhost = TestVhost::fresh("cli");
+    let dir = tempdir();
+    let file = dir.join("pipeline.yaml");
+    let text = std::fs::read_to_string("examples/pipeline.yaml")
+        .unwrap()
+        .replace("vhost: shop", &format!("vhost: {}", vhost.name));
+    std::fs::write(
+        &file,
+        format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: x}}\n---\n{text}"),
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+
+    let topology_cli = |action: &str| {
+        mailer(&[
+            "topology",
+            action,
+            "-f",
+            file,
+            "--management-url",
+            broker::MANAGEMENT_URL,
+        ])
+    };
+    let (code, out, _) = topology_cli("plan");
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("skipped document 1 (Secret x): not a MailerPipeline"),
+        "{out}"
+    );
+    assert!(
+        out.contains("would create queue mail.send (quorum)"),
+        "{out}"
+    );
+    let (code, out, _) = topology_cli("apply");
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("create policy mailer.mail.send.retry"),
+        "{out}"
+    );
+    for action in ["apply", "plan"] {
+        let (code, out, _) = topology_cli(action);
+        assert_eq!(code, 0);
+        assert!(
+            out.contains("in sync: nothing to change"),
+            "{action}: {out}"
+        );
+    }
+}
+
+#[test]
+fn bad_input_gets_one_clear_line_and_a_non_zero_exit() {
+    let dir = tempdir();
+    let bad_field = dir.join("field.yaml");
+    std::fs::write(&bad_field, "apiVersion: mailer.dev/v1alpha1\nkind: MailerPipeline\nmetadata: {name: x}\nspec: {topology: {retryDelya: 5m}}\n").unwrap();
+    let bad_delay = dir.join("delay.yaml");
+    std::fs::write(&bad_delay, "apiVersion: mailer.dev/v1alpha1\nkind: MailerPipeline\nmetadata: {name: x}\nspec: {topology: {retryDelay: -5m}}\n").unwrap();
+    let good = "examples/pipeline.yaml";
+    let cases: [(&str, &str, &str); 5] = [
+        (
+            bad_field.to_str().unwrap(),
+            broker::MANAGEMENT_URL,
+            "spec.topology.retryDelya: unknown field",
+        ),
+        (
+            bad_delay.to_str().unwrap(),
+            broker::MANAGEMENT_URL,
+            "spec.topology.retryDelay: \"-5m\" is not a duration",
+        ),
+        (
+            good,
+            "http://guest:hunter2@127.0.0.1:15672",
+            "refused user \"guest\" (401 Unauthorized)",
+        ),
+        (
+            good,
+            "http://guest:hunter2@127.0.0.1:1",
+            "cannot reach the RabbitMQ management API",
+        ),
+        (
+            "no/such/file.yaml",
+            broker::MANAGEMENT_URL,
+            "cannot read no/such/file.yaml",
+        ),
+    ];
+    for (file, url, expected) in cases {
+        let (code, out, err) = mailer(&["topology", "plan", "-f", file, "--management-url", url]);
+        assert_eq!(code, 1, "{file} {url}: {out}{err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(expected),
+            "{err}"
+        );
+        assert!(
+            !err.contains("hunter2") && !err.contains("panicked"),
+            "{err}"
+        );
+    }
+}
+
+fn tempdir() -> std::path::PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("mailer-topology-test-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
