@@ -33,6 +33,8 @@ pub struct Converged {
     pub deployment: Option<Deployment>,
     pub queues: Option<QueueDepths>,
     pub worker_user: String,
+    /// Writing requests made to RabbitMQ's management API: 0 when it was in sync.
+    pub rabbitmq_writes: usize,
 }
 
 /// Applies everything `pipeline` asks for. `live_deployment` is the worker Deployment
@@ -115,6 +117,7 @@ pub async fn converge(
         deployment: applied.or(live_deployment),
         queues,
         worker_user: credentials.username,
+        rabbitmq_writes: management.writes(),
     })
 }
 

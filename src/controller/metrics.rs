@@ -66,6 +66,7 @@ pub struct Metrics {
     reconcile_duration: Family<ReconcileLabels, Histogram, DurationHistogram>,
     queue_messages: Family<QueueLabels, Gauge>,
     drift_repairs: Family<PipelineLabels, Counter>,
+    rabbitmq_writes: Family<PipelineLabels, Counter>,
     leader: Gauge,
 }
 
@@ -77,6 +78,7 @@ impl Metrics {
             reconcile_duration: Family::new_with_constructor(DurationHistogram),
             queue_messages: Family::default(),
             drift_repairs: Family::default(),
+            rabbitmq_writes: Family::default(),
             leader: Gauge::default(),
         };
         let registry = registry.sub_registry_with_prefix("mailer_controller");
@@ -99,6 +101,11 @@ impl Metrics {
             "drift_repairs",
             "Reconciles that found RabbitMQ or the worker Deployment changed behind the operator's back and put them right",
             metrics.drift_repairs.clone(),
+        );
+        registry.register(
+            "rabbitmq_writes",
+            "Writing requests made to RabbitMQ's management API for each pipeline; flat while everything is in sync",
+            metrics.rabbitmq_writes.clone(),
         );
         registry.register(
             "leader",
@@ -144,6 +151,15 @@ impl Metrics {
             .inc();
     }
 
+    pub fn rabbitmq_written(&self, namespace: &str, pipeline: &str, writes: usize) {
+        self.rabbitmq_writes
+            .get_or_create(&PipelineLabels {
+                namespace: namespace.to_string(),
+                pipeline: pipeline.to_string(),
+            })
+            .inc_by(u64::try_from(writes).unwrap_or(u64::MAX));
+    }
+
     /// Drops a deleted pipeline's series, so they do not linger at their last value.
     pub fn forget(&self, namespace: &str, pipeline: &str) {
         for queue in [QueueRole::Send, QueueRole::Retry, QueueRole::Dead] {
@@ -153,10 +169,12 @@ impl Metrics {
                 queue: queue.as_str(),
             });
         }
-        self.drift_repairs.remove(&PipelineLabels {
+        let labels = PipelineLabels {
             namespace: namespace.to_string(),
             pipeline: pipeline.to_string(),
-        });
+        };
+        self.drift_repairs.remove(&labels);
+        self.rabbitmq_writes.remove(&labels);
     }
 
     pub fn set_leader(&self, leading: bool) {
@@ -182,6 +200,7 @@ mod tests {
         metrics.reconciled(Err("unreachable"), Duration::from_millis(20));
         metrics.set_queue_depth("prod", "shop", QueueRole::Dead, 7);
         metrics.drift_repaired("prod", "shop");
+        metrics.rabbitmq_written("prod", "shop", 3);
         metrics.set_leader(true);
         let out = text(&registry);
         for line in [
@@ -189,6 +208,7 @@ mod tests {
             r#"mailer_controller_reconciles_total{result="error",category="unreachable"} 1"#,
             r#"mailer_controller_queue_messages{namespace="prod",pipeline="shop",queue="dead"} 7"#,
             r#"mailer_controller_drift_repairs_total{namespace="prod",pipeline="shop"} 1"#,
+            r#"mailer_controller_rabbitmq_writes_total{namespace="prod",pipeline="shop"} 3"#,
             "mailer_controller_leader 1",
             "mailer_controller_reconcile_duration_seconds_bucket",
         ] {

@@ -128,6 +128,10 @@ async fn apply(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action, Error
             .await
             .map_err(|e| Error::kube("write the status", e))?;
     }
+    if let Ok(done) = &outcome {
+        ctx.metrics
+            .rabbitmq_written(&namespace, &name, done.rabbitmq_writes);
+    }
     if let Some(queues) = status.queues {
         for (role, depth) in [
             (QueueRole::Send, queues.send),

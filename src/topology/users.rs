@@ -119,6 +119,7 @@ impl Management {
                 password_hash: &hash,
                 tags: "",
             };
+            self.count_write();
             self.api
                 .create_user(&params)
                 .await
@@ -147,6 +148,7 @@ impl Management {
                 write: &wanted.write,
                 read: &wanted.read,
             };
+            self.count_write();
             self.api
                 .declare_permissions(&params)
                 .await
@@ -166,6 +168,7 @@ impl Management {
             Err(e) if e.is_not_found() => return Ok(false),
             Err(e) => return Err(self.error(&format!("read user {username:?}"), e)),
         }
+        self.count_write();
         self.api
             .delete_user(username, true)
             .await

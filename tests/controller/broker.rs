@@ -1,17 +1,19 @@
-//! The real broker at 127.0.0.1 for tests: a fresh vhost per test, removed afterwards
-//! with any user the test made.
+//! What the controller's tests need of the broker besides `tests/support`: unique
+//! pipeline names, removing the users a test made, and polling with a deadline.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use rabbitmq_http_client::api::Client;
+use crate::support::broker::raw_api;
 
-pub const MANAGEMENT_URL: &str = "http://127.0.0.1:15672";
+/// The management API as a connection Secret's `uri` holds it: without credentials.
+pub const SECRET_URI: &str = "http://127.0.0.1:15672";
 /// A port nothing listens on, for a broker that is gone.
 pub const CLOSED_MANAGEMENT_URL: &str = "http://127.0.0.1:1";
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-/// A name no other test, nor another run of this one, uses.
+/// A name no other test, nor another run of this one, uses (it also names the worker
+/// user, which is not confined to a vhost).
 pub fn unique(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -23,41 +25,25 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
-pub fn admin() -> Client<String, String, String> {
-    mailer::install_crypto_provider();
-    Client::new(
-        format!("{MANAGEMENT_URL}/api"),
-        "guest".to_string(),
-        "guest".to_string(),
-    )
-}
+/// Removes RabbitMQ users when dropped, even when the test failed.
+pub struct UserCleanup(pub Vec<String>);
 
-/// Removes a test's vhost and users when dropped, even when the test failed.
-pub struct Cleanup {
-    pub vhost: String,
-    pub users: Vec<String>,
-}
-
-impl Drop for Cleanup {
+impl Drop for UserCleanup {
     fn drop(&mut self) {
-        let vhost = self.vhost.clone();
-        let users = std::mem::take(&mut self.users);
-        // Drop runs inside the test's runtime, which must not be blocked on; a thread
-        // with its own runtime does the removal.
-        let done = std::thread::spawn(move || {
+        let users = std::mem::take(&mut self.0);
+        // Drop cannot be async: delete on a runtime of its own, on a thread of its own.
+        let _ = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
-                .expect("a runtime for cleanup");
+                .expect("runtime");
             runtime.block_on(async {
-                let admin = admin();
-                let _ = admin.delete_vhost(&vhost, true).await;
                 for user in users {
-                    let _ = admin.delete_user(&user, true).await;
+                    let _ = raw_api().delete_user(&user, true).await;
                 }
             });
-        });
-        let _ = done.join();
+        })
+        .join();
     }
 }
 

@@ -2,25 +2,24 @@
 //! API server and the real broker.
 
 use kube::runtime::controller::Action;
-use lapin::options::{BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions};
+use lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::json;
 
-use super::broker::{Cleanup, MANAGEMENT_URL, admin, eventually, unique};
+use super::broker::{SECRET_URI, UserCleanup, eventually, unique};
 use super::harness::*;
+use super::support::broker::{TestVhost, confirming_channel, publish, raw_api};
 
 #[tokio::test]
 async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
     let h = harness();
     let name = unique("shop");
-    let vhost = unique("mailer-ctl");
+    let test_vhost = TestVhost::fresh("controller");
+    let vhost = test_vhost.name.clone();
     let user = format!("mailer-worker.{NS}.{name}");
-    let _cleanup = Cleanup {
-        vhost: vhost.clone(),
-        users: vec![user.clone()],
-    };
-    connection_secret(&h, MANAGEMENT_URL);
+    let _users = UserCleanup(vec![user.clone()]);
+    connection_secret(&h, SECRET_URI);
     h.seed_secret("smtp", &[("url", "smtp://mail.example:587")]);
     let spec = json!({"rabbitmq": {"vhost": vhost, "connectionSecret": {"name": "conn"}},
                       "topology": {"deletionPolicy": "Delete"},
@@ -106,7 +105,7 @@ async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
     }
 
     // RabbitMQ holds the topology, and the worker's user may consume but not declare.
-    let admin = admin();
+    let admin = raw_api();
     admin
         .get_queue_info(&vhost, "mail.send")
         .await
@@ -135,10 +134,23 @@ async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
     let status = &write_to(&requests, "PATCH", &status_path).body["status"];
     assert_eq!(condition(status, "Ready")["status"], "True");
 
-    // In sync: no write to Kubernetes, and none to RabbitMQ (it would show as an event).
+    // In sync: no write to Kubernetes, and none to RabbitMQ.
+    let rabbitmq_writes = || {
+        let metrics = h.metrics();
+        let prefix = format!(
+            "mailer_controller_rabbitmq_writes_total{{namespace=\"{NS}\",pipeline=\"{name}\"}} "
+        );
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(&prefix).map(str::to_string))
+            .expect("the RabbitMQ writes counter")
+    };
+    let before = rabbitmq_writes();
+    assert_ne!(before, "0", "building the pipeline wrote to RabbitMQ");
     let (result, requests) = h.reconcile(&name).await;
     result.unwrap();
     assert_eq!(writes(&requests), Vec::<String>::new());
+    assert_eq!(rabbitmq_writes(), before);
 
     // A policy deleted by hand is put back, with an event and a metric.
     admin
@@ -206,7 +218,17 @@ async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
 
     // A dead letter arrives: once the management API counts it, the status shows it and
     // a warning says so.
-    publish_dead_letter(&vhost).await;
+    let connection = test_vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    publish(
+        &channel,
+        "mail.dead",
+        "mail.send",
+        b"{}",
+        BasicProperties::default(),
+    )
+    .await;
+    let _ = connection.close(200, "done".into()).await;
     let published = eventually(30, "the dead letter to be counted", || async {
         let (result, requests) = h.reconcile(&name).await;
         result.unwrap();
@@ -292,29 +314,4 @@ async fn worker_may_consume_but_not_declare(amqp_url: &str) {
         .expect_err("the worker may not declare a queue");
     assert!(refused.to_string().contains("ACCESS_REFUSED"), "{refused}");
     let _ = connection.close(200, "done".into()).await;
-}
-
-async fn publish_dead_letter(vhost: &str) {
-    let url = format!("amqp://guest:guest@127.0.0.1:5672/{}", urlencode(vhost));
-    let connection = Connection::connect(&url, ConnectionProperties::default())
-        .await
-        .unwrap();
-    let channel = connection.create_channel().await.unwrap();
-    channel
-        .basic_publish(
-            "mail.dead".into(),
-            "mail.send".into(),
-            BasicPublishOptions::default(),
-            b"{}",
-            BasicProperties::default(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    let _ = connection.close(200, "done".into()).await;
-}
-
-fn urlencode(text: &str) -> String {
-    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
