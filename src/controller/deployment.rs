@@ -93,6 +93,13 @@ pub fn desired_deployment(
         // Requests are routed by the send queue's name (see topology::desired).
         plain_env("MAIL_SEND_KEY", topology.queue.clone()),
         plain_env("MAIL_HTTP_ADDR", WORKER_HTTP_ADDR.to_string()),
+        plain_env(
+            "MAIL_SHUTDOWN_TIMEOUT",
+            format!(
+                "{}s",
+                shutdown_timeout(worker.termination_grace_period_seconds)
+            ),
+        ),
         plain_env("MAIL_LOG_FORMAT", "json".to_string()),
     ]);
 
@@ -182,6 +189,13 @@ pub fn desired_deployment(
         }),
         status: None,
     })
+}
+
+/// How long a stopping worker waits for the mail in flight: most of the grace period,
+/// leaving the last part (up to 10s) to close its connections before it is killed.
+pub fn shutdown_timeout(grace_period_seconds: i64) -> i64 {
+    let margin = (grace_period_seconds / 4).min(10);
+    (grace_period_seconds - margin).max(1)
 }
 
 fn runtime_default_seccomp() -> SeccompProfile {
@@ -278,6 +292,7 @@ mod tests {
                 ("MAIL_DEAD_EXCHANGE".to_string(), json!("shop.dead")),
                 ("MAIL_SEND_KEY".to_string(), json!("shop.out")),
                 ("MAIL_HTTP_ADDR".to_string(), json!("0.0.0.0:8080")),
+                ("MAIL_SHUTDOWN_TIMEOUT".to_string(), json!("110s")),
                 ("MAIL_LOG_FORMAT".to_string(), json!("json")),
             ]
         );
@@ -353,6 +368,13 @@ mod tests {
         let annotations = &d["spec"]["template"]["metadata"]["annotations"];
         assert_eq!(annotations["a"], "b");
         assert_eq!(annotations[SECRETS_HASH_ANNOTATION], "abc");
+    }
+
+    #[test]
+    fn the_worker_stops_waiting_for_mail_before_the_kubelet_kills_it() {
+        assert_eq!(shutdown_timeout(120), 110);
+        assert_eq!(shutdown_timeout(30), 23);
+        assert_eq!(shutdown_timeout(1), 1);
     }
 
     #[test]

@@ -66,7 +66,8 @@ pub struct WorkerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_name: Option<String>,
     /// How long a stopping worker may take to finish the mail it is sending before it is
-    /// killed. Mail cut off is not lost (it is redelivered) but may be sent twice.
+    /// killed; the worker stops waiting a little earlier (up to 10s) to close cleanly.
+    /// Mail cut off is not lost (it is redelivered) but may be sent twice.
     #[serde(default = "default_termination_grace_period_seconds")]
     #[schemars(range(min = 1))]
     pub termination_grace_period_seconds: i64,
