@@ -22,6 +22,8 @@ mod flow;
 mod harness;
 #[path = "controller/running.rs"]
 mod running;
+#[path = "controller/worker_pod.rs"]
+mod worker_pod;
 
 use std::time::Duration;
 

@@ -10,6 +10,7 @@ use serde_json::json;
 use super::broker::{SECRET_URI, UserCleanup, eventually, unique};
 use super::harness::*;
 use super::support::broker::{TestVhost, confirming_channel, publish, raw_api};
+use super::worker_pod;
 
 #[tokio::test]
 async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
@@ -20,7 +21,7 @@ async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
     let user = format!("mailer-worker.{NS}.{name}");
     let _users = UserCleanup(vec![user.clone()]);
     connection_secret(&h, SECRET_URI);
-    h.seed_secret("smtp", &[("url", "smtp://mail.example:587")]);
+    h.seed_secret("smtp", &[("url", "discard://")]);
     let spec = json!({"rabbitmq": {"vhost": vhost, "connectionSecret": {"name": "conn"}},
                       "topology": {"deletionPolicy": "Delete"},
                       "worker": {"replicas": 2, "provider": {"urlSecretKeyRef": {"name": "smtp", "key": "url"}}}});
@@ -216,13 +217,15 @@ async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
         "mailer_controller_drift_repairs_total{{namespace=\"{NS}\",pipeline=\"{name}\"}} 2"
     )));
 
-    // A dead letter arrives: once the management API counts it, the status shows it and
-    // a warning says so.
+    // The real worker, run as the Deployment says with the user the operator made,
+    // consumes a request it cannot understand and dead-letters it (which its permissions
+    // allow). Once the management API counts it, the status shows it and a warning says so.
+    let worker = worker_pod::start(&h, &deployment_path(&worker_deployment));
     let connection = test_vhost.connect().await;
     let channel = confirming_channel(&connection).await;
     publish(
         &channel,
-        "mail.dead",
+        "mail",
         "mail.send",
         b"{}",
         BasicProperties::default(),
@@ -243,6 +246,8 @@ async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
     assert!(h.metrics().contains(&format!(
         "mailer_controller_queue_messages{{namespace=\"{NS}\",pipeline=\"{name}\",queue=\"dead\"}} 1"
     )));
+
+    drop(worker);
 
     // Deleted: the user and the empty queues go; the dead-letter queue holds mail and
     // stays, which a warning says; the finalizer is removed.
