@@ -28,7 +28,6 @@ mod worker_pod;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::CustomResourceExt;
 use kube::api::Api;
 use kube::core::cel::Validator;
 use mailer::controller::leader::LeaderElection;
@@ -40,7 +39,11 @@ use fake_api::FakeApi;
 #[test]
 fn the_checked_in_crd_is_what_mailer_crd_prints() {
     let generated = mailer::cli::crd::yaml().unwrap();
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/crds/mailerpipeline.yaml");
+    let path = format!(
+        "{}/{}",
+        env!("CARGO_MANIFEST_DIR"),
+        mailer::cli::crd::CHECKED_IN_PATH
+    );
     let checked_in = std::fs::read_to_string(path).unwrap_or_default();
     assert!(
         generated == checked_in,
@@ -50,7 +53,7 @@ fn the_checked_in_crd_is_what_mailer_crd_prints() {
 
 #[test]
 fn every_spec_field_has_a_description_for_kubectl_explain() {
-    let crd = serde_json::to_value(MailerPipeline::crd()).unwrap();
+    let crd = crd();
     let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
     let mut undescribed = Vec::new();
     walk_properties(schema, "spec", &mut undescribed);
@@ -75,8 +78,13 @@ fn walk_properties(schema: &Value, at: &str, undescribed: &mut Vec<String>) {
     }
 }
 
+/// The CRD as `mailer crd` prints it.
+fn crd() -> Value {
+    serde_yaml::from_str(&mailer::cli::crd::yaml().unwrap()).unwrap()
+}
+
 fn crd_schema() -> Value {
-    let crd = serde_json::to_value(MailerPipeline::crd()).unwrap();
+    let crd = crd();
     crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
 }
 

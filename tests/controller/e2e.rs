@@ -11,7 +11,6 @@ use super::broker::eventually;
 pub async fn end_to_end() {
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::CustomResourceExt;
     use kube::api::{Api, Patch, PatchParams};
 
     assert!(
@@ -22,13 +21,11 @@ pub async fn end_to_end() {
     let client = kube::Client::try_default().await.expect("a cluster");
     let apply = PatchParams::apply("mailer-e2e").force();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.patch(
-        "mailerpipelines.mailer.dev",
-        &apply,
-        &Patch::Apply(MailerPipeline::crd()),
-    )
-    .await
-    .expect("CRD installed");
+    let crd: CustomResourceDefinition =
+        serde_yaml::from_str(&mailer::cli::crd::yaml().unwrap()).unwrap();
+    crds.patch("mailerpipelines.mailer.dev", &apply, &Patch::Apply(&crd))
+        .await
+        .expect("CRD installed");
     let namespace = "default";
     let image = std::env::var("MAILER_E2E_IMAGE").unwrap_or_else(|_| "mailer:dev".into());
     let options = mailer::controller::Options {
