@@ -20,6 +20,8 @@ mod fake_api;
 mod flow;
 #[path = "controller/harness.rs"]
 mod harness;
+#[path = "controller/process.rs"]
+mod process;
 #[path = "controller/running.rs"]
 mod running;
 #[path = "controller/worker_pod.rs"]

@@ -48,11 +48,9 @@ impl FakeApi {
         tokio::spawn(async move {
             while let Some((request, respond)) = handle.next_request().await {
                 let (parts, body) = request.into_parts();
-                if parts.uri.query().unwrap_or_default().contains("watch=true") {
-                    // A watch that reports nothing and ends after a while; the watcher
-                    // then watches again. The delay keeps that from spinning.
+                if is_watch(&parts) {
                     tokio::spawn(async move {
-                        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                        tokio::time::sleep(WATCH_LASTS).await;
                         respond.send_response(Response::new(Body::from(Vec::new())));
                     });
                     continue;
@@ -68,6 +66,35 @@ impl FakeApi {
             }
         });
         Client::new(service, "default")
+    }
+
+    /// Serves this fake over HTTP on a free port of 127.0.0.1, for a controller process
+    /// to use through a kubeconfig; returns the server's URL.
+    pub async fn serve(&self) -> String {
+        let fake = self.clone();
+        let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+            let fake = fake.clone();
+            async move {
+                let (parts, body) = request.into_parts();
+                if is_watch(&parts) {
+                    tokio::time::sleep(WATCH_LASTS).await;
+                    return Response::new(axum::body::Body::empty());
+                }
+                let bytes = axum::body::to_bytes(body, 16 << 20)
+                    .await
+                    .unwrap_or_default();
+                let (status, reply) = fake.answer(&parts, &bytes);
+                Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(axum::body::Body::from(serde_json::to_vec(&reply).unwrap()))
+                    .unwrap()
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{address}")
     }
 
     /// Stores `object` at `path` (e.g. `/api/v1/namespaces/prod/secrets/conn`).
@@ -223,6 +250,14 @@ fn is_collection(path: &str) -> bool {
         "events",
     ]
     .contains(&last)
+}
+
+/// How long a watch lasts: it reports nothing and ends, and the watcher watches again;
+/// the delay keeps that from spinning.
+const WATCH_LASTS: std::time::Duration = std::time::Duration::from_millis(300);
+
+fn is_watch(parts: &http::request::Parts) -> bool {
+    parts.uri.query().unwrap_or_default().contains("watch=true")
 }
 
 fn not_found(key: &str) -> (StatusCode, Value) {
