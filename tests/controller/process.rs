@@ -32,6 +32,77 @@ fn free_port() -> u16 {
     listener.local_addr().unwrap().port()
 }
 
+/// A kubeconfig file for the fake server at `server`.
+fn kubeconfig(server: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("{}.yaml", unique("mailer-kubeconfig")));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+             clusters: [{{name: fake, cluster: {{server: '{server}'}}}}]\n\
+             users: [{{name: fake, user: {{token: test}}}}]\n\
+             contexts: [{{name: fake, context: {{cluster: fake, user: fake}}}}]\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Starts a replica named `identity`; returns it and the URL of its /metrics server.
+fn start(identity: &str, kubeconfig: &std::path::Path) -> (Running, String) {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_mailer"))
+        .args([
+            "controller",
+            "--worker-image",
+            "reg/mailer:test",
+            "--namespace",
+            NS,
+        ])
+        .args([
+            "--identity",
+            identity,
+            "--lease-namespace",
+            "ops",
+            "--lease-retry",
+            "1s",
+        ])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start mailer controller");
+    (Running(child), format!("http://127.0.0.1:{port}"))
+}
+
+async fn until_ready(base: &str) {
+    eventually(30, "/readyz to answer ready", || async {
+        let (status, _) = get(&format!("{base}/readyz")).await?;
+        (status == 200).then_some(())
+    })
+    .await;
+}
+
+/// Sends SIGTERM and waits for the exit.
+async fn terminate(running: &mut Running) -> std::process::ExitStatus {
+    let term = Command::new("kill")
+        .args(["-TERM", &running.0.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(term.success());
+    eventually(30, "the controller to exit", || {
+        let exited = running.0.try_wait().expect("wait");
+        async move { exited }
+    })
+    .await
+}
+
+fn holder(h: &Harness) -> serde_json::Value {
+    h.fake.get(LEASE_PATH).expect("the Lease exists")["spec"]["holderIdentity"].clone()
+}
+
 #[tokio::test]
 async fn the_controller_process_leads_reconciles_and_stops_on_sigterm() {
     mailer::install_crypto_provider();
@@ -41,53 +112,11 @@ async fn the_controller_process_leads_reconciles_and_stops_on_sigterm() {
         json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
         false,
     );
-    let server = h.fake.serve().await;
-    let kubeconfig = std::env::temp_dir().join(format!("{}.yaml", unique("mailer-kubeconfig")));
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
-             clusters: [{{name: fake, cluster: {{server: '{server}'}}}}]\n\
-             users: [{{name: fake, user: {{token: test}}}}]\n\
-             contexts: [{{name: fake, context: {{cluster: fake, user: fake}}}}]\n"
-        ),
-    )
-    .unwrap();
-    let port = free_port();
-    let metrics = format!("http://127.0.0.1:{port}");
-    let mut controller = Running(
-        Command::new(env!("CARGO_BIN_EXE_mailer"))
-            .args([
-                "controller",
-                "--worker-image",
-                "reg/mailer:test",
-                "--namespace",
-                NS,
-            ])
-            .args([
-                "--identity",
-                "pod-a",
-                "--lease-namespace",
-                "ops",
-                "--lease-retry",
-                "1s",
-            ])
-            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-            .env("KUBECONFIG", &kubeconfig)
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start mailer controller"),
-    );
+    let config = kubeconfig(&h.fake.serve().await);
+    let (mut controller, metrics) = start("pod-a", &config);
 
-    eventually(30, "/readyz to answer ready", || async {
-        let (status, _) = get(&format!("{metrics}/readyz")).await?;
-        (status == 200).then_some(())
-    })
-    .await;
-    let lease = h.fake.get(LEASE_PATH).expect("the Lease is created");
-    assert_eq!(lease["spec"]["holderIdentity"], "pod-a");
+    until_ready(&metrics).await;
+    assert_eq!(holder(&h), "pod-a");
     eventually(30, "the pipeline's finalizer", || async {
         let stored = h.fake.get(&pipeline_path("shop"))?;
         (stored["metadata"]["finalizers"] == json!([FINALIZER])).then_some(())
@@ -102,21 +131,39 @@ async fn the_controller_process_leads_reconciles_and_stops_on_sigterm() {
     let (status, _) = get(&format!("{metrics}/livez")).await.expect("/livez");
     assert_eq!(status, 200);
 
-    let term = Command::new("kill")
-        .args(["-TERM", &controller.0.id().to_string()])
-        .status()
-        .expect("kill -TERM");
-    assert!(term.success());
-    let exit = eventually(30, "the controller to exit", || {
-        let exited = controller.0.try_wait().expect("wait");
-        async move { exited }
+    let exit = terminate(&mut controller).await;
+    assert!(exit.success(), "{exit}");
+    assert!(holder(&h).is_null(), "the Lease is given up");
+    let _ = std::fs::remove_file(config);
+}
+
+#[tokio::test]
+async fn a_standby_is_ready_and_takes_over_when_the_leader_stops() {
+    mailer::install_crypto_provider();
+    let h = harness();
+    let config = kubeconfig(&h.fake.serve().await);
+    let (mut leader, leader_metrics) = start("pod-a", &config);
+    until_ready(&leader_metrics).await;
+    assert_eq!(holder(&h), "pod-a");
+
+    let (mut standby, standby_metrics) = start("pod-b", &config);
+    until_ready(&standby_metrics).await;
+    let (_, text) = get(&format!("{standby_metrics}/metrics"))
+        .await
+        .expect("/metrics");
+    assert!(text.contains("mailer_controller_leader 0"), "{text}");
+    assert_eq!(holder(&h), "pod-a", "a standby does not take a held Lease");
+
+    assert!(terminate(&mut leader).await.success());
+    eventually(30, "the standby to take the Lease", || async {
+        (holder(&h) == "pod-b").then_some(())
     })
     .await;
-    assert!(exit.success(), "{exit}");
-    let lease = h.fake.get(LEASE_PATH).expect("the Lease stays");
-    assert!(
-        lease["spec"]["holderIdentity"].is_null(),
-        "the Lease is given up: {lease}"
-    );
-    let _ = std::fs::remove_file(kubeconfig);
+    eventually(30, "the new leader to say so", || async {
+        let (_, text) = get(&format!("{standby_metrics}/metrics")).await?;
+        text.contains("mailer_controller_leader 1").then_some(())
+    })
+    .await;
+    assert!(terminate(&mut standby).await.success());
+    let _ = std::fs::remove_file(config);
 }
