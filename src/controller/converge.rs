@@ -62,7 +62,12 @@ pub async fn converge(
         .await
         .map_err(|e| Error::kube(format!("read Secret {namespace}/{secret_name}"), e))?;
     let credentials = worker_user::credentials(client, pipeline, live_secret.as_ref()).await?;
-    let user_changes = ensure_worker_user(&management, pipeline, &credentials).await?;
+    let mut user_changes = ensure_worker_user(&management, pipeline, &credentials).await?;
+    if let Some(replaced) = worker_user::replaced_managed_user(live_secret.as_ref(), &credentials)
+        && management.delete_user(&replaced).await?
+    {
+        user_changes.push(UserChange::DeleteUser(replaced));
+    }
 
     let amqp_url = worker_user::amqp_url(&broker, &credentials, &desired_topology.vhost)?;
     let worker_secret = worker_user::desired_secret(pipeline, &credentials, &amqp_url)?;

@@ -104,6 +104,23 @@ pub fn managed_credentials(
     }
 }
 
+/// The user the operator made before, as its Secret says, when the workers now use
+/// another one (`spec.worker.userSecret` was set since): it is no longer needed.
+pub fn replaced_managed_user(
+    existing: Option<&Secret>,
+    credentials: &WorkerCredentials,
+) -> Option<String> {
+    let secret = existing?;
+    let managed = secret
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(MANAGED_ANNOTATION))
+        .is_some_and(|v| v == "true");
+    let username = secret_value(secret, USERNAME_KEY)?;
+    (managed && !credentials.managed && username != credentials.username).then_some(username)
+}
+
 /// A random password of letters and digits, from the operating system's generator.
 pub fn generate_password() -> String {
     let random = SystemRandom::new();
@@ -241,6 +258,26 @@ mod tests {
             "true"
         );
         assert!(!format!("{creds:?}").contains("pw\""));
+    }
+
+    #[test]
+    fn a_managed_user_replaced_by_the_users_own_is_found() {
+        let p = pipeline();
+        let managed = managed_credentials(&p, None, || "pw".into());
+        let secret = desired_secret(&p, &managed, "amqp://x").unwrap();
+        let own = WorkerCredentials {
+            username: "shop-mailer".into(),
+            password: "theirs".into(),
+            managed: false,
+        };
+        assert_eq!(
+            replaced_managed_user(Some(&secret), &own).as_deref(),
+            Some("mailer-worker.prod.shop")
+        );
+        assert_eq!(replaced_managed_user(Some(&secret), &managed), None);
+        let own_secret = desired_secret(&p, &own, "amqp://x").unwrap();
+        assert_eq!(replaced_managed_user(Some(&own_secret), &own), None);
+        assert_eq!(replaced_managed_user(None, &own), None);
     }
 
     #[test]

@@ -72,9 +72,11 @@ pub struct WorkerSpec {
     #[schemars(range(min = 1))]
     pub termination_grace_period_seconds: i64,
     /// An existing RabbitMQ user for the workers: a Secret in the pipeline's namespace
-    /// with the keys `username` and `password`. When absent, the operator creates a user
-    /// that may only read the send queue and write to the retry and dead exchanges, and
-    /// keeps its generated password in a Secret it owns.
+    /// with the keys `username` and `password`; its permissions are left as they are
+    /// (the workers need read on `queue` and write on `retryExchange` and `deadExchange`).
+    /// When absent, the operator creates a user that may only read the send queue and
+    /// write to the retry and dead exchanges, and keeps its generated password in a
+    /// Secret it owns; setting this later removes that user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_secret: Option<SecretReference>,
 }

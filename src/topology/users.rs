@@ -73,6 +73,8 @@ pub enum UserChange {
         user: String,
         vhost: String,
     },
+    /// A user made before and no longer used.
+    DeleteUser(String),
 }
 
 impl fmt::Display for UserChange {
@@ -83,6 +85,7 @@ impl fmt::Display for UserChange {
             Self::SetPermissions { user, vhost } => {
                 write!(f, "set the permissions of user {user:?} on vhost {vhost:?}")
             }
+            Self::DeleteUser(user) => write!(f, "delete user {user:?}"),
         }
     }
 }

@@ -320,3 +320,46 @@ async fn worker_may_consume_but_not_declare(amqp_url: &str) {
     assert!(refused.to_string().contains("ACCESS_REFUSED"), "{refused}");
     let _ = connection.close(200, "done".into()).await;
 }
+
+#[tokio::test]
+async fn naming_an_own_user_removes_the_one_the_operator_made() {
+    let h = harness();
+    let name = unique("shop");
+    let test_vhost = TestVhost::fresh("controller-own-user");
+    let user = format!("mailer-worker.{NS}.{name}");
+    let _users = UserCleanup(vec![user.clone()]);
+    connection_secret(&h, SECRET_URI);
+    let spec =
+        json!({"rabbitmq": {"vhost": test_vhost.name, "connectionSecret": {"name": "conn"}}});
+    h.seed_pipeline(&name, spec, true);
+    h.reconcile(&name).await.0.unwrap();
+    raw_api()
+        .get_user(&user)
+        .await
+        .expect("the operator made a user");
+
+    h.seed_secret("own-user", &[("username", "guest"), ("password", "guest")]);
+    let mut object = h.fake.get(&pipeline_path(&name)).unwrap();
+    object["spec"]["worker"] = json!({"userSecret": {"name": "own-user"}});
+    object["metadata"]["generation"] = json!(2);
+    h.fake.put(&pipeline_path(&name), object);
+    let (result, requests) = h.reconcile(&name).await;
+    result.unwrap();
+    assert!(
+        raw_api().get_user(&user).await.is_err(),
+        "the operator's user is gone"
+    );
+    let published = events(&requests);
+    assert_eq!(published[0].1, "TopologyUpdated");
+    assert!(
+        published[0].2.contains(&format!("delete user \"{user}\"")),
+        "{published:?}"
+    );
+    let url = h.secret_value(&format!("{name}-worker-amqp"), "url");
+    assert!(
+        url.starts_with("amqp://guest:guest@127.0.0.1:5672/"),
+        "{url}"
+    );
+    let stored = h.fake.get(&pipeline_path(&name)).unwrap();
+    assert_eq!(stored["status"]["workerUser"], "guest");
+}
