@@ -115,8 +115,8 @@ pub fn backoff_after(failures: u32) -> Duration {
 }
 
 /// `text` cut to at most `max` bytes at a character boundary (an event's note may hold
-/// at most 1 kB).
-fn truncate(mut text: String, max: usize) -> String {
+/// at most 1 kB, a condition's message 32 kB).
+pub fn truncate(mut text: String, max: usize) -> String {
     if text.len() > max {
         let mut end = max.saturating_sub(3);
         while !text.is_char_boundary(end) {

@@ -7,9 +7,14 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use super::context::truncate;
 use crate::spec::{
     MailerPipelineStatus, QueueDepths, READY, TOPOLOGY_READY, WORKER_READY, WorkerCounts,
 };
+
+/// The longest condition message written; a list of conflicts could otherwise exceed
+/// what the API server accepts and make every status write fail.
+const MAX_MESSAGE_BYTES: usize = 4096;
 
 /// How the RabbitMQ side of the reconcile went.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,7 +124,7 @@ pub fn desired_status(
             type_: type_.to_string(),
             status: status.to_string(),
             reason,
-            message,
+            message: truncate(message, MAX_MESSAGE_BYTES),
             observed_generation: findings.generation,
             last_transition_time: since,
         }
@@ -264,6 +269,22 @@ mod tests {
             third.condition(WORKER_READY).unwrap().last_transition_time,
             Time(at(30))
         );
+    }
+
+    #[test]
+    fn a_very_long_failure_is_cut_to_what_the_api_server_accepts() {
+        let failed = TopologyOutcome::Failed {
+            reason: "Conflict".into(),
+            message: "x".repeat(100_000),
+        };
+        let s = desired_status(None, &findings(None, failed), at(10));
+        for condition in &s.conditions {
+            assert!(
+                condition.message.len() <= MAX_MESSAGE_BYTES,
+                "{}",
+                condition.type_
+            );
+        }
     }
 
     #[test]
