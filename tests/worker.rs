@@ -376,7 +376,7 @@ async fn an_unroutable_park_stops_the_worker_and_the_delivery_limit_dead_letters
     // unroutable, so each worker exits non-zero without acking; the broker redelivers.
     let provider = format!("smtp://127.0.0.1:{}?tls=none&timeout=2s", closed_port());
     let mut runs = 0;
-    while ready(&channel, "mail.send").await > 0 || runs == 0 {
+    loop {
         runs += 1;
         assert!(
             runs <= 6,
@@ -388,6 +388,25 @@ async fn an_unroutable_park_stops_the_worker_and_the_delivery_limit_dead_letters
             !status.success(),
             "a failed park must stop the worker with an error"
         );
+        // The broker returns the delivery once it has seen the connection go: wait until
+        // the request is back in mail.send, or dead-lettered.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let dead = loop {
+            if ready(&channel, "mail.send.dead").await > 0 {
+                break true;
+            }
+            if ready(&channel, "mail.send").await > 0 {
+                break false;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the request is neither back in mail.send nor dead-lettered"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        if dead {
+            break;
+        }
     }
     assert_eq!(
         runs, 6,
