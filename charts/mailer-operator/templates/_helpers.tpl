@@ -1,0 +1,138 @@
+{{/*
+The chart's name, as nameOverride may replace it.
+*/}}
+{{- define "mailer-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The prefix of every object's name: fullnameOverride, else "<release>-<name>", or the
+release name alone when it already holds the name. At most 63 characters (a label).
+*/}}
+{{- define "mailer-operator.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "mailer-operator.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The labels that select the controller's pods. They never change in an upgrade.
+*/}}
+{{- define "mailer-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "mailer-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/*
+The standard labels of every object of the release.
+*/}}
+{{- define "mailer-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "mailer-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: controller
+app.kubernetes.io/part-of: mailer
+{{- end -}}
+
+{{/*
+The ServiceAccount the controller runs as.
+*/}}
+{{- define "mailer-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "mailer-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name must name an existing ServiceAccount when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The controller's image: repository:tag, tag defaulting to the appVersion, and
+@digest when one is given.
+*/}}
+{{- define "mailer-operator.image" -}}
+{{- $image := printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) -}}
+{{- if .Values.image.digest -}}
+{{- $image = printf "%s@%s" $image .Values.image.digest -}}
+{{- end -}}
+{{- $image -}}
+{{- end -}}
+
+{{/*
+The Lease the replicas elect their leader with.
+*/}}
+{{- define "mailer-operator.leaseName" -}}
+{{- .Values.leaderElection.leaseName | default (include "mailer-operator.fullname" .) -}}
+{{- end -}}
+
+{{/*
+What the controller does in a namespace it reconciles pipelines in: the rules of the
+ClusterRole (all namespaces) or of each watched namespace's Role.
+*/}}
+{{- define "mailer-operator.pipelineRules" -}}
+# Pipelines: watched, finalizer added and removed (patch), status written.
+- apiGroups: ["mailer.dev"]
+  resources: ["mailerpipelines"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+- apiGroups: ["mailer.dev"]
+  resources: ["mailerpipelines/status"]
+  verbs: ["get", "patch", "update"]
+- apiGroups: ["mailer.dev"]
+  resources: ["mailerpipelines/finalizers"]
+  verbs: ["update"]
+# Each pipeline's worker Deployment, applied server-side and owned by the pipeline.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+# The workers' RabbitMQ user Secret it writes; the connection, provider and
+# default-user Secrets it reads and watches.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+# A RabbitmqCluster's Service, for its management port.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get"]
+- apiGroups: ["rabbitmq.com"]
+  resources: ["rabbitmqclusters"]
+  verbs: ["get", "list", "watch"]
+# Events on pipelines.
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end -}}
+
+{{/*
+What the controller reads in a namespace that only holds RabbitmqClusters that
+pipelines refer to: the cluster, its Service and its default user's Secret.
+*/}}
+{{- define "mailer-operator.rabbitmqClusterRules" -}}
+- apiGroups: ["rabbitmq.com"]
+  resources: ["rabbitmqclusters"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["services", "secrets"]
+  verbs: ["get"]
+{{- end -}}
+
+{{/*
+Checks of values that the schema cannot express.
+*/}}
+{{- define "mailer-operator.validate" -}}
+{{- if and (not .Values.leaderElection.enabled) (gt (int .Values.replicas) 1) -}}
+{{- fail "replicas > 1 needs leaderElection.enabled: true, or every replica would reconcile" -}}
+{{- end -}}
+{{- if and .Values.rbac.rabbitmqClusterNamespaces (not .Values.watchNamespaces) -}}
+{{- fail "rbac.rabbitmqClusterNamespaces is only for watchNamespaces: watching all namespaces already reads RabbitmqClusters everywhere" -}}
+{{- end -}}
+{{- end -}}
