@@ -1,4 +1,4 @@
-.PHONY: build test lint bench demo
+.PHONY: build test lint bench demo crd
 
 build:
 	cargo build --release
@@ -15,3 +15,9 @@ lint:
 # The README's first command: the whole pipeline without Kubernetes, on this machine.
 demo:
 	examples/demo.sh
+
+# Regenerate the CRD from the Rust types, for the repo and the chart (tests fail when
+# either copy differs from `mailer crd`).
+crd:
+	cargo run --quiet -- crd > crds/mailerpipeline.yaml
+	cp crds/mailerpipeline.yaml charts/mailer-operator/crds/mailerpipeline.yaml
