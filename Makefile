@@ -11,3 +11,8 @@ test:
 lint:
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
+
+# The worker's benchmark (issue 3) against the real RabbitMQ at 127.0.0.1 and a local
+# aiosmtpd sink; prints rates, ratios and memory. See docs/benchmarks.md.
+bench:
+	cargo bench --bench worker
