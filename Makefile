@@ -21,3 +21,8 @@ demo:
 crd:
 	cargo run --quiet -- crd > crds/mailerpipeline.yaml
 	cp crds/mailerpipeline.yaml charts/mailer-operator/crds/mailerpipeline.yaml
+
+# The worker's benchmark (issue 3) against the real RabbitMQ at 127.0.0.1 and a local
+# aiosmtpd sink; prints rates, ratios and memory. See docs/benchmarks.md.
+bench:
+	cargo bench --bench worker

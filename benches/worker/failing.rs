@@ -1,0 +1,28 @@
+//! A provider that fails every send for now without any I/O: the park path with the
+//! cost of a refused SMTP connection taken out, to tell it from the worker's own.
+
+use std::fmt;
+
+use futures::future::BoxFuture;
+use mailer::provider::{ErrorClass, Provider, SendError};
+use mailer::worker::request::Mail;
+
+#[derive(Debug)]
+pub struct FailingProvider;
+
+impl fmt::Display for FailingProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("failing (in memory)")
+    }
+}
+
+impl Provider for FailingProvider {
+    fn send<'a>(&'a self, _mail: &'a Mail) -> BoxFuture<'a, Result<(), SendError>> {
+        Box::pin(async {
+            Err(SendError::for_now(
+                ErrorClass::Connect,
+                "connecting to 127.0.0.1:1: Connection refused (os error 111)",
+            ))
+        })
+    }
+}
