@@ -245,17 +245,28 @@ async fn one_replica_leads_and_a_standby_takes_over_when_it_lets_go() {
 }
 
 #[tokio::test]
-async fn an_expired_lease_is_taken_over() {
+async fn an_abandoned_lease_is_taken_over_after_its_duration_by_the_local_clock() {
     let fake = FakeApi::default();
+    // Renewed "long ago" by the holder's clock: that alone proves nothing, since clocks
+    // differ; the Lease must stand unchanged for its duration as seen here.
     fake.put(
         &format!("{LEASES}/mailer-operator"),
         json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                "metadata": {"name": "mailer-operator", "namespace": "ops"},
-               "spec": {"holderIdentity": "gone", "leaseDurationSeconds": 15,
+               "spec": {"holderIdentity": "gone", "leaseDurationSeconds": 1,
                         "renewTime": "2020-01-01T00:00:00.000000Z"}}),
     );
     let b = election(&fake, "pod-b");
-    assert!(b.try_lead().await.unwrap());
+    let first_seen = std::time::Instant::now();
+    assert!(
+        !b.try_lead().await.unwrap(),
+        "a Lease just seen is respected"
+    );
+    broker::eventually(10, "the abandoned Lease to be taken", || async {
+        b.try_lead().await.unwrap().then_some(())
+    })
+    .await;
+    assert!(first_seen.elapsed() > Duration::from_secs(1));
     // The write carried the resourceVersion it read, so a racing writer would fail.
     let writes: Vec<_> = fake
         .take_requests()
@@ -265,6 +276,8 @@ async fn an_expired_lease_is_taken_over() {
     assert_eq!(writes.len(), 1);
     assert_eq!(writes[0].method, "PUT");
     assert!(writes[0].body["metadata"]["resourceVersion"].is_string());
+    let lease = fake.get(&format!("{LEASES}/mailer-operator")).unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "pod-b");
 }
 
 /// Runs against a real cluster (kind or k3d) with RabbitMQ reachable from it:

@@ -123,10 +123,15 @@ impl ClusterNames {
                 .map(str::to_string)
         };
         Self {
-            secret: reference("secretReference").unwrap_or_else(|| format!("{name}-default-user")),
+            secret: reference("secretReference").unwrap_or_else(|| default_user_secret(&name)),
             service: reference("serviceReference").unwrap_or(name),
         }
     }
+}
+
+/// The cluster-operator's name for a RabbitmqCluster's default-user Secret.
+pub fn default_user_secret(cluster: &str) -> String {
+    format!("{cluster}-default-user")
 }
 
 /// The management API behind a cluster's Service: its `management` port over http, or

@@ -3,12 +3,18 @@
 //!
 //! The Lease is written with its `resourceVersion`, so of two replicas that both see it
 //! free, the API server lets exactly one write succeed (the other gets 409 Conflict).
+//!
+//! Whether the holder stopped renewing is judged by this replica's own clock: how long
+//! the Lease has stood unchanged since this replica first saw it so, not by comparing
+//! the holder's `renewTime` with the local time, so clocks that disagree between nodes
+//! can neither cut a live leader off nor keep a dead one in place.
 
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 
 /// What a replica should do about the Lease as it found it.
@@ -22,8 +28,9 @@ pub enum Verdict {
     StandBy { holder: String },
 }
 
-/// The verdict for `identity` at `now`, from the Lease's spec (absent: no Lease yet).
-pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Verdict {
+/// The verdict for `identity` from the Lease's spec (absent: no Lease yet), when this
+/// replica has seen it unchanged for `unchanged_for`.
+pub fn decide(spec: Option<&LeaseSpec>, identity: &str, unchanged_for: Duration) -> Verdict {
     let Some(spec) = spec else {
         return Verdict::Acquire;
     };
@@ -34,17 +41,30 @@ pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Verdi
     if holder == identity {
         return Verdict::Renew;
     }
-    let duration = SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(0)));
-    let renewed = spec
-        .renew_time
-        .as_ref()
-        .or(spec.acquire_time.as_ref())
-        .map(|t| t.0);
-    match renewed {
-        Some(renewed) if renewed + duration > now => Verdict::StandBy {
+    let duration =
+        Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0));
+    if unchanged_for > duration {
+        Verdict::Acquire
+    } else {
+        Verdict::StandBy {
             holder: holder.to_string(),
-        },
-        _ => Verdict::Acquire,
+        }
+    }
+}
+
+/// What of a Lease changes on every renewal: who holds it and when they last renewed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Renewal {
+    holder: Option<String>,
+    renewed: Option<MicroTime>,
+}
+
+impl Renewal {
+    fn of(spec: Option<&LeaseSpec>) -> Self {
+        Self {
+            holder: spec.and_then(|s| s.holder_identity.clone()),
+            renewed: spec.and_then(|s| s.renew_time.clone()),
+        }
     }
 }
 
@@ -81,6 +101,8 @@ pub struct LeaderElection {
     lease_name: String,
     identity: String,
     lease_duration: Duration,
+    /// The Lease's last renewal as seen here, and when this replica first saw it.
+    last_seen: Mutex<Option<(Renewal, Instant)>>,
 }
 
 impl LeaderElection {
@@ -95,6 +117,22 @@ impl LeaderElection {
             lease_name: lease_name.to_string(),
             identity: identity.to_string(),
             lease_duration,
+            last_seen: Mutex::new(None),
+        }
+    }
+
+    /// How long the Lease has stood as `renewal` by this replica's clock.
+    fn unchanged_for(&self, renewal: Renewal) -> Duration {
+        let mut last_seen = self
+            .last_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match last_seen.as_ref() {
+            Some((seen, since)) if *seen == renewal => since.elapsed(),
+            _ => {
+                *last_seen = Some((renewal, Instant::now()));
+                Duration::ZERO
+            }
         }
     }
 
@@ -105,14 +143,19 @@ impl LeaderElection {
     /// Acquires or renews the Lease when this replica may; returns whether it leads now.
     /// Losing a race for the Lease is not an error: it means another replica leads.
     pub async fn try_lead(&self) -> Result<bool, kube::Error> {
-        let now = Timestamp::now();
         let found = self.api.get_opt(&self.lease_name).await?;
         let previous = found.as_ref().and_then(|lease| lease.spec.as_ref());
-        match decide(previous, &self.identity, now) {
+        let unchanged_for = self.unchanged_for(Renewal::of(previous));
+        match decide(previous, &self.identity, unchanged_for) {
             Verdict::StandBy { .. } => return Ok(false),
             Verdict::Acquire | Verdict::Renew => {}
         }
-        let spec = next_spec(previous, &self.identity, self.lease_duration, now);
+        let spec = next_spec(
+            previous,
+            &self.identity,
+            self.lease_duration,
+            Timestamp::now(),
+        );
         let written = match found {
             None => {
                 let lease = Lease {
@@ -192,19 +235,26 @@ mod tests {
     }
 
     #[test]
-    fn a_free_or_expired_lease_is_taken_and_a_live_one_is_not() {
-        assert_eq!(decide(None, "a", at(100)), Verdict::Acquire);
+    fn a_free_or_abandoned_lease_is_taken_and_a_live_one_is_not() {
+        let seconds = Duration::from_secs;
+        assert_eq!(decide(None, "a", seconds(0)), Verdict::Acquire);
         assert_eq!(
-            decide(Some(&LeaseSpec::default()), "a", at(100)),
+            decide(Some(&LeaseSpec::default()), "a", seconds(0)),
             Verdict::Acquire
         );
+        // Renewed long ago by the holder's clock, but just seen: the holder may be alive
+        // with a clock behind ours, so it gets a full lease duration.
         let b = held_by("b", 90);
         assert_eq!(
-            decide(Some(&b), "a", at(100)),
+            decide(Some(&b), "a", seconds(0)),
             Verdict::StandBy { holder: "b".into() }
         );
-        assert_eq!(decide(Some(&b), "a", at(106)), Verdict::Acquire);
-        assert_eq!(decide(Some(&b), "b", at(200)), Verdict::Renew);
+        assert_eq!(
+            decide(Some(&b), "a", seconds(15)),
+            Verdict::StandBy { holder: "b".into() }
+        );
+        assert_eq!(decide(Some(&b), "a", seconds(16)), Verdict::Acquire);
+        assert_eq!(decide(Some(&b), "b", seconds(100)), Verdict::Renew);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use tokio::sync::watch as signal;
 
+use super::connection::default_user_secret;
 use super::context::Context;
 use super::meta::managed_by_selector;
 use super::reconcile::{error_policy, reconcile};
@@ -133,7 +134,7 @@ pub fn names_secret(pipeline: &MailerPipeline, namespace: &str, name: &str) -> b
         .contains(&Some(name));
     let of_cluster = spec.rabbitmq.cluster_ref.as_ref().is_some_and(|cluster| {
         cluster.namespace.as_deref().unwrap_or(&own_namespace) == namespace
-            && name == format!("{}-default-user", cluster.name)
+            && name == default_user_secret(&cluster.name)
     });
     in_own || of_cluster
 }
