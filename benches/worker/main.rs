@@ -248,7 +248,7 @@ async fn ack_path(s: &Settings, body: &[u8]) -> Result<Comparison> {
 
     let warm = (n / 5).max(1);
     vhost.fill(&connection, warm, body).await?;
-    run_worker(&vhost, discard.clone(), warm, "Sent").await?;
+    run_worker(&vhost, discard.clone(), warm, "sent").await?;
     vhost.fill(&connection, warm, body).await?;
     bare_ack(&vhost, warm).await?;
     println!("  warmed up with {warm} requests each");
@@ -262,7 +262,7 @@ async fn ack_path(s: &Settings, body: &[u8]) -> Result<Comparison> {
             vhost.fill(&connection, n, body).await?;
             let clock = cpu::CpuClock::now();
             let took = match who {
-                Contender::Worker => run_worker(&vhost, discard.clone(), n, "Sent").await?,
+                Contender::Worker => run_worker(&vhost, discard.clone(), n, "sent").await?,
                 Contender::Bare => bare_ack(&vhost, n).await?,
             };
             let used = clock.used();
@@ -313,7 +313,7 @@ async fn park_path(s: &Settings, body: &[u8]) -> Result<Comparison> {
 
     let warm = (n / 5).max(1);
     vhost.fill(&connection, warm, body).await?;
-    run_worker(&vhost, refused.clone(), warm, "Parked").await?;
+    run_worker(&vhost, refused.clone(), warm, "parked").await?;
     vhost.fill(&connection, warm, body).await?;
     bare_park(&vhost, warm).await?;
     vhost.purge(&connection, &retry).await?;
@@ -328,7 +328,7 @@ async fn park_path(s: &Settings, body: &[u8]) -> Result<Comparison> {
             vhost.fill(&connection, n, body).await?;
             let clock = cpu::CpuClock::now();
             let took = match who {
-                Contender::Worker => run_worker(&vhost, refused.clone(), n, "Parked").await?,
+                Contender::Worker => run_worker(&vhost, refused.clone(), n, "parked").await?,
                 Contender::Bare => bare_park(&vhost, n).await?,
             };
             let used = clock.used();
@@ -382,7 +382,7 @@ async fn end_to_end(s: &Settings, body: &[u8]) -> Result<EndToEnd> {
 
     let warm = (n / 5).max(1);
     vhost.fill(&connection, warm, body).await?;
-    run_worker(&vhost, worker_provider.clone(), warm, "Sent").await?;
+    run_worker(&vhost, worker_provider.clone(), warm, "sent").await?;
     sink::provider_alone(alone_provider.as_ref(), &mails[..warm], PREFETCH.into()).await?;
     let mut expected = 2 * warm;
     println!("  warmed up with {warm} mails each");
@@ -397,7 +397,7 @@ async fn end_to_end(s: &Settings, body: &[u8]) -> Result<EndToEnd> {
                 Contender::Worker => {
                     vhost.fill(&connection, n, body).await?;
                     let clock = cpu::CpuClock::now();
-                    let took = run_worker(&vhost, worker_provider.clone(), n, "Sent").await?;
+                    let took = run_worker(&vhost, worker_provider.clone(), n, "sent").await?;
                     let used = clock.used();
                     e.worker.0.push(report_run(round, "worker", n, took, &used));
                 }

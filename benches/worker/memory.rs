@@ -86,7 +86,7 @@ pub fn run_child(vhost: &BenchVhost, n: usize, env: &[(&str, &str)]) -> Result<M
                 let settled = settled(http);
                 if settled.values().sum::<u64>() >= n as u64 {
                     let took = started.elapsed();
-                    if settled.get("Sent").copied() != Some(n as u64) {
+                    if settled.get("sent").copied() != Some(n as u64) {
                         bail!("expected {n} deliveries sent, the worker settled {settled:?}");
                     }
                     let hwm_kib = status_kib(pid, "VmHWM")?;
