@@ -15,7 +15,7 @@ use mailer::topology::{self, Topology, TopologyError};
 use rabbitmq_http_client::commons::BindingDestinationType;
 use serde_json::{Value, json};
 use support::broker::{
-    self, TestVhost, confirming_channel, get_within, management, publish, raw_api,
+    self, TestVhost, confirming_channel, get_within, management, publish, raw_api, text,
 };
 
 fn spec(vhost: &str, extra: &str) -> MailerPipelineSpec {
@@ -508,14 +508,6 @@ fn x_death_field(headers: &FieldTable, field: &str) -> Option<String> {
         return None;
     };
     text(first.inner().get(field))
-}
-
-fn text(value: Option<&AMQPValue>) -> Option<String> {
-    match value? {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ShortString(s) => Some(s.to_string()),
-        other => Some(format!("{other:?}")),
-    }
 }
 
 fn mailer(args: &[&str]) -> (i32, String, String) {

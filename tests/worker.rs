@@ -14,7 +14,7 @@ use lapin::{BasicProperties, Channel};
 use mailer::spec::MailerPipelineSpec;
 use mailer::topology::{self, Topology};
 use serde_json::json;
-use support::broker::{TestVhost, confirming_channel, get_within, management, publish};
+use support::broker::{TestVhost, confirming_channel, get_within, management, publish, text};
 use support::smtp::{SmtpServer, closed_port};
 
 /// Applies the default topology with a short retry delay to a fresh vhost.
@@ -95,14 +95,6 @@ fn headers(entries: &[(&str, AMQPValue)]) -> FieldTable {
         table.insert(ShortString::from(*name), value.clone());
     }
     table
-}
-
-fn text(value: Option<&AMQPValue>) -> Option<String> {
-    match value? {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ShortString(s) => Some(s.to_string()),
-        _ => None,
-    }
 }
 
 /// A dead letter, read and acked.

@@ -168,3 +168,14 @@ pub async fn remove_retry_binding(vhost: &TestVhost) {
         .await
         .expect("remove the binding");
 }
+
+/// A header's value as text, when it is a string.
+pub fn text(value: Option<&lapin::types::AMQPValue>) -> Option<String> {
+    match value? {
+        lapin::types::AMQPValue::LongString(s) => {
+            Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+        }
+        lapin::types::AMQPValue::ShortString(s) => Some(s.to_string()),
+        _ => None,
+    }
+}
