@@ -35,11 +35,11 @@ pub async fn run(
         match action {
             Action::Plan => {
                 let changes = topology::plan(&management, &desired).await?;
-                print_changes(&name, vhost, "would", &changes);
+                print_changes(&name, vhost, "would ", &changes);
             }
             Action::Apply => {
                 let changes = topology::apply(&management, &desired).await?;
-                print_changes(&name, vhost, "did", &changes);
+                print_changes(&name, vhost, "", &changes);
             }
             Action::Delete { force } => {
                 let live_url = match amqp_url {
@@ -69,16 +69,13 @@ pub async fn run(
     Ok(())
 }
 
-fn print_changes(name: &str, vhost: &str, verb: &str, changes: &[topology::Change]) {
+/// Prints each change as a line, after `prefix` (`"would "` for a plan).
+fn print_changes(name: &str, vhost: &str, prefix: &str, changes: &[topology::Change]) {
     println!("{name} (vhost {vhost:?}):");
     if changes.is_empty() {
         println!("  in sync: nothing to change");
     }
     for change in changes {
-        let line = change.to_string();
-        match verb {
-            "would" => println!("  would {line}"),
-            _ => println!("  {line}"),
-        }
+        println!("  {prefix}{change}");
     }
 }

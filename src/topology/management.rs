@@ -13,7 +13,7 @@ use rabbitmq_http_client::requests::{
 use url::Url;
 
 use super::TopologyError;
-use super::desired::{Binding, ExchangeKind, POLICY_PREFIX, POLICY_PRIORITY};
+use super::desired::{Binding, ExchangeKind, POLICY_PRIORITY};
 use super::diff::{Change, Observed, ObservedExchange, ObservedPolicy, ObservedQueue};
 use crate::redact::{MASK, credentials};
 
@@ -376,11 +376,6 @@ fn policy_target_name(target: &PolicyTarget) -> &'static str {
         PolicyTarget::Exchanges => "exchanges",
         PolicyTarget::All => "all",
     }
-}
-
-/// Whether a policy of this name is one the mailer owns.
-pub fn is_mailer_policy(name: &str) -> bool {
-    name.starts_with(POLICY_PREFIX)
 }
 
 impl TopologyError {

@@ -7,7 +7,7 @@ use std::fmt;
 
 use super::diff::{self, Change};
 use super::live::{LiveLoad, LiveQueues};
-use super::management::{Management, is_mailer_policy};
+use super::management::Management;
 use super::{Topology, TopologyError};
 use crate::spec::DeletionPolicy;
 
@@ -155,11 +155,7 @@ pub async fn delete(
     }
 
     for policy in &topology.policies {
-        if observed
-            .policies
-            .iter()
-            .any(|p| p.name == policy.name && is_mailer_policy(&p.name))
-        {
+        if observed.policies.iter().any(|p| p.name == policy.name) {
             management.delete_policy(vhost, &policy.name).await?;
             report.removed.push(format!("policy {}", policy.name));
         }
