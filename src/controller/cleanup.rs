@@ -14,6 +14,7 @@ use kube::{Resource, ResourceExt};
 use super::connection;
 use super::context::Context;
 use super::error::Error;
+use super::reasons::event;
 use super::worker_user::managed_username;
 use crate::spec::{DeletionPolicy, MailerPipeline};
 use crate::topology::live::amqp_url_for;
@@ -43,7 +44,7 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
         ctx.publish(
             &regarding,
             EventType::Normal,
-            "CleanedUp",
+            event::CLEANED_UP,
             "Delete",
             note.join("; "),
         )
@@ -56,7 +57,7 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
         ctx.publish(
             &regarding,
             EventType::Warning,
-            "CleanupIncomplete",
+            event::CLEANUP_INCOMPLETE,
             "Delete",
             note.join("; "),
         )

@@ -16,6 +16,7 @@ pub mod error;
 pub mod leader;
 pub mod meta;
 pub mod metrics;
+pub mod reasons;
 pub mod reconcile;
 pub mod ssa;
 pub mod status;

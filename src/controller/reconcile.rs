@@ -20,6 +20,7 @@ use super::converge::{Converged, converge, unchanged_spec};
 use super::deployment::deployment_name;
 use super::error::Error;
 use super::metrics::QueueRole;
+use super::reasons::event;
 use super::status::{Findings, TopologyOutcome, dead_letters_added, desired_status};
 use crate::manifest::display_name;
 use crate::spec::{MailerPipeline, MailerPipelineStatus, TOPOLOGY_READY};
@@ -162,7 +163,7 @@ async fn publish_events(
             let before = previous.and_then(|p| p.condition(TOPOLOGY_READY));
             let now = status.condition(TOPOLOGY_READY);
             if before.map(|c| (&c.reason, &c.message)) != now.map(|c| (&c.reason, &c.message)) {
-                let reason = format!("ReconcileFailed{}", e.reason());
+                let reason = format!("{}{}", event::RECONCILE_FAILED_PREFIX, e.reason());
                 ctx.publish(
                     &regarding,
                     EventType::Warning,
@@ -185,7 +186,7 @@ async fn publish_events(
                 ctx.publish(
                     &regarding,
                     EventType::Normal,
-                    "TopologyCreated",
+                    event::TOPOLOGY_CREATED,
                     "Reconcile",
                     rabbitmq.join("; "),
                 )
@@ -204,7 +205,7 @@ async fn publish_events(
                     ctx.publish(
                         &regarding,
                         EventType::Normal,
-                        "TopologyRepaired",
+                        event::TOPOLOGY_REPAIRED,
                         "Reconcile",
                         note,
                     )
@@ -213,7 +214,7 @@ async fn publish_events(
                     ctx.publish(
                         &regarding,
                         EventType::Normal,
-                        "TopologyUpdated",
+                        event::TOPOLOGY_UPDATED,
                         "Reconcile",
                         changed.join("; "),
                     )
@@ -231,7 +232,7 @@ async fn publish_events(
         ctx.publish(
             &regarding,
             EventType::Warning,
-            "DeadLettersGrew",
+            event::DEAD_LETTERS_GREW,
             "CountQueues",
             note,
         )

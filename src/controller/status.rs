@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::context::truncate;
+use super::reasons;
 use crate::spec::{
     MailerPipelineStatus, QueueDepths, READY, TOPOLOGY_READY, WORKER_READY, WorkerCounts,
 };
@@ -65,7 +66,7 @@ pub fn desired_status(
     let topology = match &findings.topology {
         TopologyOutcome::Ready => (
             true,
-            "Reconciled".to_string(),
+            reasons::RECONCILED.to_string(),
             "the exchanges, queues, bindings, policies and worker user are in RabbitMQ as the spec asks".to_string(),
         ),
         TopologyOutcome::Failed { reason, message } => (false, reason.clone(), message.clone()),
@@ -77,24 +78,24 @@ pub fn desired_status(
             "the worker Deployment waits until the topology is ready (see TopologyReady)"
                 .to_string()
         };
-        (false, "DeploymentMissing".to_string(), why)
+        (false, reasons::DEPLOYMENT_MISSING.to_string(), why)
     } else if desired == 0 {
         (
             true,
-            "ScaledToZero".to_string(),
+            reasons::SCALED_TO_ZERO.to_string(),
             "spec.worker.replicas is 0: no worker runs and mail waits in the send queue"
                 .to_string(),
         )
     } else if ready_workers >= desired && updated_workers >= desired {
         (
             true,
-            "AllReady".to_string(),
+            reasons::ALL_READY.to_string(),
             format!("{ready_workers} of {desired} workers are ready"),
         )
     } else {
         (
             false,
-            "WorkersNotReady".to_string(),
+            reasons::WORKERS_NOT_READY.to_string(),
             format!(
                 "{ready_workers} of {desired} workers are ready; see kubectl describe deployment {name} and the pods' logs"
             ),
@@ -103,7 +104,7 @@ pub fn desired_status(
     let ready = match (topology.0, worker.0) {
         (true, true) => (
             true,
-            "Ready".to_string(),
+            reasons::READY.to_string(),
             "the pipeline sends mail".to_string(),
         ),
         (false, _) => (

@@ -1,0 +1,76 @@
+//! Every reason the controller writes, defined once.
+//!
+//! Condition reasons are what `kubectl get mp` users, the Argo CD health check
+//! (`deploy/argocd/health.lua`) and the runbook (`docs/operations.md`) act on, so each is
+//! a constant here and [`condition_reasons`] lists them all; tests hold the health check
+//! and the runbook to that list. A new reason is added here first.
+
+use super::error::{CATEGORIES, pascal_case};
+
+/// `TopologyReady=True`: RabbitMQ holds what the spec asks for.
+pub const RECONCILED: &str = "Reconciled";
+/// `WorkerReady=False`: the worker Deployment does not exist yet.
+pub const DEPLOYMENT_MISSING: &str = "DeploymentMissing";
+/// `WorkerReady=True`: no worker is asked for; mail waits in the send queue.
+pub const SCALED_TO_ZERO: &str = "ScaledToZero";
+/// `WorkerReady=True`: every worker asked for is ready and up to date.
+pub const ALL_READY: &str = "AllReady";
+/// `WorkerReady=False`: some workers are not ready (rolling out, crashing, unschedulable).
+pub const WORKERS_NOT_READY: &str = "WorkersNotReady";
+/// `Ready=True`: the pipeline sends mail.
+pub const READY: &str = "Ready";
+
+/// The reasons of conditions that are not failures of a reconcile.
+pub const STATE_REASONS: &[&str] = &[
+    RECONCILED,
+    DEPLOYMENT_MISSING,
+    SCALED_TO_ZERO,
+    ALL_READY,
+    WORKERS_NOT_READY,
+    READY,
+];
+
+/// Every reason a condition can carry: the states above, and one per error category
+/// (`MissingSecretKey`, `Unreachable`, …, see [`super::Error::reason`]).
+pub fn condition_reasons() -> Vec<String> {
+    STATE_REASONS
+        .iter()
+        .map(|reason| (*reason).to_string())
+        .chain(CATEGORIES.iter().map(|category| pascal_case(category)))
+        .collect()
+}
+
+/// Events published about a pipeline (besides `ReconcileFailed<Reason>`, one per
+/// condition reason of a failure).
+pub mod event {
+    pub const TOPOLOGY_CREATED: &str = "TopologyCreated";
+    pub const TOPOLOGY_UPDATED: &str = "TopologyUpdated";
+    pub const TOPOLOGY_REPAIRED: &str = "TopologyRepaired";
+    pub const DEAD_LETTERS_GREW: &str = "DeadLettersGrew";
+    pub const CLEANED_UP: &str = "CleanedUp";
+    pub const CLEANUP_INCOMPLETE: &str = "CleanupIncomplete";
+    /// The prefix of a failure's event; the condition's reason follows it.
+    pub const RECONCILE_FAILED_PREFIX: &str = "ReconcileFailed";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_is_distinct_pascal_case() {
+        let reasons = condition_reasons();
+        let mut unique = reasons.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), reasons.len(), "{reasons:?}");
+        for reason in &reasons {
+            assert!(
+                reason.chars().next().is_some_and(char::is_uppercase)
+                    && reason.chars().all(char::is_alphanumeric),
+                "{reason}"
+            );
+        }
+        assert!(reasons.contains(&"MissingSecretKey".to_string()));
+    }
+}
