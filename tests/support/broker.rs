@@ -63,7 +63,11 @@ impl TestBroker {
             runtime.block_on(async {
                 mailer::install_crypto_provider();
                 let client = rabbitmq_http_client::api::Client::new(&api, "guest", "guest");
-                client.overview().await.map(|o| o.rabbitmq_version)
+                client
+                    .overview()
+                    .await
+                    .map(|o| o.rabbitmq_version)
+                    .map_err(|e| e.to_string())
             })
         })
         .join()
