@@ -1,12 +1,19 @@
-.PHONY: build test lint bench demo crd
+.PHONY: build test test-rabbitmq4 lint bench demo crd
 
 build:
 	cargo build --release
 
 # The README's test command: unit tests, and integration tests against the real
-# RabbitMQ at 127.0.0.1 (5672, 15672 with guest/guest) and a real SMTP server (aiosmtpd).
+# RabbitMQ 3.10 at 127.0.0.1 (5672, 15672 with guest/guest) and a real SMTP server
+# (aiosmtpd); then the broker-facing tests again against RabbitMQ 4.0 (5673, 15673,
+# started by .ci/rabbitmq4.sh).
 test:
 	cargo test --locked
+	$(MAKE) test-rabbitmq4
+
+# The integration tests whose subject is the broker's behaviour, on RabbitMQ 4.0.
+test-rabbitmq4:
+	MAILER_TEST_BROKER=4.0 cargo test --locked --test topology --test worker
 
 lint:
 	cargo fmt --check

@@ -545,7 +545,7 @@ async fn the_cli_plans_applies_and_reports_no_change() {
             "-f",
             file,
             "--management-url",
-            broker::MANAGEMENT_URL,
+            &broker::management_url(),
         ])
     };
     let (code, out, _) = topology_cli("plan");
@@ -582,20 +582,22 @@ fn bad_input_gets_one_clear_line_and_a_non_zero_exit() {
     let bad_delay = dir.join("delay.yaml");
     std::fs::write(&bad_delay, "apiVersion: mailer.dev/v1alpha1\nkind: MailerPipeline\nmetadata: {name: x}\nspec: {topology: {retryDelay: -5m}}\n").unwrap();
     let good = "examples/pipeline.yaml";
+    let management_url = broker::management_url();
+    let wrong_password = format!("http://guest:hunter2@{}", broker::management_host());
     let cases: [(&str, &str, &str); 5] = [
         (
             bad_field.to_str().unwrap(),
-            broker::MANAGEMENT_URL,
+            management_url.as_str(),
             "spec.topology.retryDelya: unknown field",
         ),
         (
             bad_delay.to_str().unwrap(),
-            broker::MANAGEMENT_URL,
+            management_url.as_str(),
             "spec.topology.retryDelay: \"-5m\" is not a duration",
         ),
         (
             good,
-            "http://guest:hunter2@127.0.0.1:15672",
+            wrong_password.as_str(),
             "refused user \"guest\" (401 Unauthorized)",
         ),
         (
@@ -605,7 +607,7 @@ fn bad_input_gets_one_clear_line_and_a_non_zero_exit() {
         ),
         (
             "no/such/file.yaml",
-            broker::MANAGEMENT_URL,
+            management_url.as_str(),
             "cannot read no/such/file.yaml",
         ),
     ];

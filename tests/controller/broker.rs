@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crate::support::broker::raw_api;
 
 /// The management API as a connection Secret's `uri` holds it: without credentials.
-pub const SECRET_URI: &str = "http://127.0.0.1:15672";
+pub fn secret_uri() -> String {
+    format!("http://{}", crate::support::broker::management_host())
+}
 /// A port nothing listens on, for a broker that is gone.
 pub const CLOSED_MANAGEMENT_URL: &str = "http://127.0.0.1:1";
 

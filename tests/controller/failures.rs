@@ -10,7 +10,7 @@ use kube::runtime::controller::Action;
 use mailer::controller::error_policy;
 use serde_json::json;
 
-use super::broker::{CLOSED_MANAGEMENT_URL, SECRET_URI};
+use super::broker::{CLOSED_MANAGEMENT_URL, secret_uri};
 use super::harness::*;
 use super::support::broker::TestVhost;
 
@@ -54,7 +54,10 @@ async fn deletion_completes_when_the_broker_its_secret_or_its_cluster_is_gone() 
 #[tokio::test]
 async fn a_missing_secret_key_is_reported_once_and_waits_for_a_change() {
     let h = harness();
-    h.seed_secret("conn", &[("uri", SECRET_URI), ("username", "guest")]);
+    h.seed_secret(
+        "conn",
+        &[("uri", secret_uri().as_str()), ("username", "guest")],
+    );
     h.seed_pipeline(
         "shop",
         json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
@@ -188,7 +191,7 @@ async fn a_cluster_ref_finds_the_management_api_through_the_clusters_service() {
 #[tokio::test]
 async fn deleting_a_pipeline_whose_vhost_is_gone_is_a_clean_deletion() {
     let h = harness();
-    connection_secret(&h, SECRET_URI);
+    connection_secret(&h, &secret_uri());
     let vhost = TestVhost::fresh("controller-never-made");
     let spec = json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}}, "topology": {"deletionPolicy": "Delete"}});
     h.seed_pipeline("shop", spec, true);

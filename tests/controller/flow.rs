@@ -7,7 +7,7 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::json;
 
-use super::broker::{SECRET_URI, UserCleanup, eventually, unique};
+use super::broker::{UserCleanup, eventually, secret_uri, unique};
 use super::harness::*;
 use super::support::broker::{TestVhost, confirming_channel, publish, raw_api};
 use super::worker_pod;
@@ -20,7 +20,7 @@ async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
     let vhost = test_vhost.name.clone();
     let user = format!("mailer-worker.{NS}.{name}");
     let _users = UserCleanup(vec![user.clone()]);
-    connection_secret(&h, SECRET_URI);
+    connection_secret(&h, &secret_uri());
     h.seed_secret("smtp", &[("url", "discard://")]);
     let spec = json!({"rabbitmq": {"vhost": vhost, "connectionSecret": {"name": "conn"}},
                       "topology": {"deletionPolicy": "Delete"},
@@ -328,7 +328,7 @@ async fn naming_an_own_user_removes_the_one_the_operator_made() {
     let test_vhost = TestVhost::fresh("controller-own-user");
     let user = format!("mailer-worker.{NS}.{name}");
     let _users = UserCleanup(vec![user.clone()]);
-    connection_secret(&h, SECRET_URI);
+    connection_secret(&h, &secret_uri());
     let spec =
         json!({"rabbitmq": {"vhost": test_vhost.name, "connectionSecret": {"name": "conn"}}});
     h.seed_pipeline(&name, spec, true);

@@ -1,5 +1,11 @@
 //! The real RabbitMQ every integration test talks to, and a vhost of its own per test.
+//!
+//! `MAILER_TEST_BROKER` selects the broker: `3.10` (the default: the host's, AMQP 5672,
+//! management 15672) or `4.0` (started by `.ci/rabbitmq4.sh`: AMQP 5673, management
+//! 15673). Both use guest/guest from localhost. The first use checks that the broker
+//! answering is the version asked for, so a run can never pass on the wrong broker.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -8,8 +14,96 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use mailer::topology::{Management, ManagementEndpoint};
 
-pub const MANAGEMENT_URL: &str = "http://guest:guest@127.0.0.1:15672";
-pub const AMQP_BASE: &str = "amqp://guest:guest@127.0.0.1:5672";
+/// The broker the tests run against.
+pub struct TestBroker {
+    /// The major.minor version asked for, e.g. `4.0`.
+    pub version: &'static str,
+    pub amqp_port: u16,
+    pub management_port: u16,
+}
+
+impl TestBroker {
+    /// The broker `MAILER_TEST_BROKER` names.
+    pub fn get() -> &'static TestBroker {
+        static BROKER: OnceLock<TestBroker> = OnceLock::new();
+        BROKER.get_or_init(|| {
+            let asked = std::env::var("MAILER_TEST_BROKER").unwrap_or_default();
+            let broker = match asked.as_str() {
+                "" | "3.10" => TestBroker {
+                    version: "3.10",
+                    amqp_port: 5672,
+                    management_port: 15672,
+                },
+                "4.0" => TestBroker {
+                    version: "4.0",
+                    amqp_port: 5673,
+                    management_port: 15673,
+                },
+                other => panic!("MAILER_TEST_BROKER={other:?}: use 3.10 or 4.0"),
+            };
+            broker.check_version();
+            broker
+        })
+    }
+
+    /// Whether the broker is RabbitMQ 4 or later (a default delivery limit of 20 on
+    /// quorum queues, `x-first-death-reason` kept from the first death, ...).
+    pub fn is_4x(&self) -> bool {
+        !self.version.starts_with("3.")
+    }
+
+    /// Fails loudly when the broker on the ports is not the version asked for.
+    fn check_version(&self) {
+        let api = format!("http://127.0.0.1:{}/api", self.management_port);
+        let found = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                mailer::install_crypto_provider();
+                let client = rabbitmq_http_client::api::Client::new(&api, "guest", "guest");
+                client
+                    .overview()
+                    .await
+                    .map(|o| o.rabbitmq_version)
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .join()
+        .expect("version check");
+        match found {
+            Ok(version) => assert!(
+                version.starts_with(&format!("{}.", self.version)),
+                "MAILER_TEST_BROKER={} but the broker on port {} is RabbitMQ {version}",
+                self.version,
+                self.management_port
+            ),
+            Err(e) => panic!(
+                "RabbitMQ {} does not answer on management port {}: {e}; start it (.ci/run does; for 4.0: .ci/rabbitmq4.sh start)",
+                self.version, self.management_port
+            ),
+        }
+    }
+}
+
+/// The management API with guest's credentials, e.g. `http://guest:guest@127.0.0.1:15672`.
+pub fn management_url() -> String {
+    format!("http://guest:guest@{}", management_host())
+}
+
+/// `127.0.0.1:<management port>`.
+pub fn management_host() -> String {
+    format!("127.0.0.1:{}", TestBroker::get().management_port)
+}
+
+/// The broker over AMQP with guest's credentials, without a vhost.
+pub fn amqp_base() -> String {
+    format!(
+        "amqp://guest:guest@127.0.0.1:{}",
+        TestBroker::get().amqp_port
+    )
+}
 
 /// A vhost made for one test, deleted when the value is dropped, so runs never see each
 /// other's state.
@@ -48,7 +142,7 @@ impl TestVhost {
     }
 
     pub fn amqp_url(&self) -> String {
-        mailer::topology::live::with_vhost(AMQP_BASE, &self.name).expect("AMQP URL")
+        mailer::topology::live::with_vhost(&amqp_base(), &self.name).expect("AMQP URL")
     }
 
     pub async fn connect(&self) -> Connection {
@@ -78,14 +172,20 @@ impl Drop for TestVhost {
 }
 
 pub fn management() -> Management {
-    Management::new(&ManagementEndpoint::parse(MANAGEMENT_URL).expect("endpoint")).expect("client")
+    Management::new(&ManagementEndpoint::parse(&management_url()).expect("endpoint"))
+        .expect("client")
+}
+
+fn raw_api_base() -> &'static str {
+    static BASE: OnceLock<String> = OnceLock::new();
+    BASE.get_or_init(|| format!("http://{}/api", management_host()))
 }
 
 /// The management API without any of the mailer's code in between, to check what the
 /// broker really holds.
 pub fn raw_api() -> rabbitmq_http_client::api::Client<&'static str, &'static str, &'static str> {
     mailer::install_crypto_provider();
-    rabbitmq_http_client::api::Client::new("http://127.0.0.1:15672/api", "guest", "guest")
+    rabbitmq_http_client::api::Client::new(raw_api_base(), "guest", "guest")
 }
 
 /// A channel with publisher confirms on.
