@@ -61,7 +61,7 @@ container=$("${buildah[@]}" from scratch)
   --env PATH=/usr/local/bin:/usr/bin:/bin \
   --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
   --user 65532:65532 --workingdir /home/nonroot \
-  --label "org.opencontainers.image.description=glibc runtime from Debian packages: ${versions% }" \
+  --label "dev.mailer.runtime-packages=${versions% }" \
   "$container"
 "${buildah[@]}" commit --quiet --rm "$container" "$image" >/dev/null
 container=""
