@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 
 use render::{
     FULLNAME, NAMESPACE, RELEASE, chart_dir, container, env, env_value, kinds, one,
-    parse_documents, render_chart, rejected, root, template, try_template,
+    parse_documents, rejected, render_chart, root, template, try_template,
 };
 
 /// Values that turn on every optional object, in watched namespaces.
@@ -515,7 +515,11 @@ fn the_chart_needs_kubernetes_1_28_and_keeps_its_crd() {
         root().join("docs/operations.md"),
     ] {
         let text = std::fs::read_to_string(&document).expect("document");
-        assert!(text.contains(upgrade), "{} lacks {upgrade:?}", document.display());
+        assert!(
+            text.contains(upgrade),
+            "{} lacks {upgrade:?}",
+            document.display()
+        );
         assert!(
             !text.contains("kubectl apply --server-side -f"),
             "{} still shows the CRD upgrade without --force-conflicts",

@@ -8,8 +8,14 @@
 
 pub mod support;
 
+#[path = "operations/argocd.rs"]
+mod argocd;
+#[path = "operations/demo.rs"]
+mod demo;
 #[path = "operations/image.rs"]
 mod image;
+#[path = "operations/runbook.rs"]
+mod runbook;
 
 use std::path::PathBuf;
 

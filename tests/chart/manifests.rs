@@ -29,8 +29,16 @@ fn deploy_operator_yaml_is_the_charts_render() {
     assert_eq!(objects[0]["kind"], "Namespace");
     assert_eq!(objects[0]["metadata"]["name"], "mailer-system");
     for object in &objects[1..] {
-        if !object["kind"].as_str().unwrap_or_default().starts_with("Cluster") {
-            assert_eq!(object["metadata"]["namespace"], "mailer-system", "{}", object["kind"]);
+        if !object["kind"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("Cluster")
+        {
+            assert_eq!(
+                object["metadata"]["namespace"], "mailer-system",
+                "{}",
+                object["kind"]
+            );
         }
     }
     let deployment = objects

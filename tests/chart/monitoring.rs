@@ -127,7 +127,7 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
 fn known_series() -> BTreeSet<String> {
     let mut known: BTreeSet<String> = families()
         .iter()
-        .flat_map(|(family, kind)| series_names(family, kind))
+        .flat_map(|family| series_names(family))
         .collect();
     known.extend(
         [
@@ -208,7 +208,9 @@ fn the_pod_monitor_scrapes_the_worker_pods_the_operator_makes() {
     );
     let relabeling = &endpoint["relabelings"][0];
     assert_eq!(relabeling["targetLabel"], "pipeline");
-    let source = relabeling["sourceLabels"][0].as_str().expect("source label");
+    let source = relabeling["sourceLabels"][0]
+        .as_str()
+        .expect("source label");
     let label = pod_labels
         .as_object()
         .expect("labels")
@@ -261,16 +263,24 @@ fn the_alerts_pass_promtool_and_their_unit_tests() {
             "{name} has no unit test"
         );
         assert!(!alert["labels"]["severity"].is_null(), "{name}");
-        let url = alert["annotations"]["runbook_url"].as_str().expect("runbook_url");
+        let url = alert["annotations"]["runbook_url"]
+            .as_str()
+            .expect("runbook_url");
         let anchor = name.to_lowercase();
-        assert!(url.ends_with(&format!("/docs/operations.md#{anchor}")), "{url}");
+        assert!(
+            url.ends_with(&format!("/docs/operations.md#{anchor}")),
+            "{url}"
+        );
         assert!(
             runbook.contains(&format!("### {name}\n")),
             "docs/operations.md has no section ### {name}"
         );
         let expr = alert["expr"].as_str().expect("expr");
         for metric in metric_names(expr) {
-            assert!(known.contains(&metric), "{name} reads {metric}, which nothing exports");
+            assert!(
+                known.contains(&metric),
+                "{name} reads {metric}, which nothing exports"
+            );
         }
     }
     std::fs::remove_dir_all(&dir).ok();
@@ -315,7 +325,10 @@ fn durations_prometheus_refuses_are_refused_by_the_schema() {
         let message = rejected(&format!(
             "metrics:\n  serviceMonitor: {{enabled: true, interval: '{bad}'}}\n"
         ));
-        assert!(message.contains("/metrics/serviceMonitor/interval"), "{bad}: {message}");
+        assert!(
+            message.contains("/metrics/serviceMonitor/interval"),
+            "{bad}: {message}"
+        );
         let message = rejected(&format!(
             "metrics:\n  prometheusRule:\n    alerts:\n      MailerPipelineNotReady: {{enabled: true, severity: warning, for: '{bad}'}}\n"
         ));
@@ -327,11 +340,17 @@ fn durations_prometheus_refuses_are_refused_by_the_schema() {
     let message = rejected(
         "metrics:\n  prometheusRule:\n    alerts:\n      MailerPipelineNotReady: {enabled: true, severity: warning, for: ''}\n",
     );
-    assert!(message.contains("/for"), "an alert's for may not be empty: {message}");
+    assert!(
+        message.contains("/for"),
+        "an alert's for may not be empty: {message}"
+    );
     let message = rejected(
         "metrics:\n  prometheusRule:\n    alerts:\n      MailerPipelineNotRedy: {enabled: true, severity: warning, for: 5m}\n",
     );
-    assert!(message.contains("'MailerPipelineNotRedy' not allowed"), "{message}");
+    assert!(
+        message.contains("'MailerPipelineNotRedy' not allowed"),
+        "{message}"
+    );
     // What Prometheus reads passes.
     let objects = template(
         "metrics:\n  serviceMonitor: {enabled: true, interval: 1m30s, scrapeTimeout: 10s}\n  \
@@ -346,13 +365,22 @@ fn durations_prometheus_refuses_are_refused_by_the_schema() {
 #[test]
 fn the_dashboard_shows_every_pipeline_metric_with_queries_prometheus_parses() {
     assert!(all_of(&template(""), "ConfigMap").is_empty());
-    let file = std::fs::read_to_string(chart_dir().join("dashboards/mailer.json")).expect("dashboard");
-    let objects = template("metrics:\n  dashboard: {enabled: true, namespace: monitoring, annotations: {grafana_folder: Mail}}\n");
+    let file =
+        std::fs::read_to_string(chart_dir().join("dashboards/mailer.json")).expect("dashboard");
+    let objects = template(
+        "metrics:\n  dashboard: {enabled: true, namespace: monitoring, annotations: {grafana_folder: Mail}}\n",
+    );
     let config_map = one(&objects, "ConfigMap");
     assert_eq!(config_map["metadata"]["namespace"], "monitoring");
     assert_eq!(config_map["metadata"]["labels"]["grafana_dashboard"], "1");
-    assert_eq!(config_map["metadata"]["annotations"]["grafana_folder"], "Mail");
-    assert_eq!(config_map["data"]["mailer.json"].as_str(), Some(file.trim_end()));
+    assert_eq!(
+        config_map["metadata"]["annotations"]["grafana_folder"],
+        "Mail"
+    );
+    assert_eq!(
+        config_map["data"]["mailer.json"].as_str(),
+        Some(file.trim_end())
+    );
 
     let dashboard: Value = serde_json::from_str(&file).expect("the dashboard is JSON");
     assert_eq!(dashboard["uid"], "mailer-pipelines");
@@ -390,7 +418,8 @@ fn the_dashboard_shows_every_pipeline_metric_with_queries_prometheus_parses() {
     let dir = tempdir("dashboard");
     std::fs::write(
         dir.join("queries.yaml"),
-        serde_yaml::to_string(&json!({"groups": [{"name": "dashboard", "rules": records}]})).unwrap(),
+        serde_yaml::to_string(&json!({"groups": [{"name": "dashboard", "rules": records}]}))
+            .unwrap(),
     )
     .unwrap();
     promtool(&["check", "rules", "queries.yaml"], &dir);
@@ -406,7 +435,10 @@ fn the_dashboard_shows_every_pipeline_metric_with_queries_prometheus_parses() {
         "mailer_controller_pipeline_ready",
         "kube_deployment_status_replicas_ready",
     ] {
-        assert!(read.contains(metric), "the dashboard does not show {metric}");
+        assert!(
+            read.contains(metric),
+            "the dashboard does not show {metric}"
+        );
     }
 }
 
@@ -417,18 +449,29 @@ fn network_policies_admit_only_the_metrics_port() {
 
     let objects = template(EVERYTHING_ON);
     let deployment = one(&objects, "Deployment");
-    let controller = named(&objects, "NetworkPolicy", NAMESPACE, "mailer-mailer-operator");
+    let controller = named(
+        &objects,
+        "NetworkPolicy",
+        NAMESPACE,
+        "mailer-mailer-operator",
+    );
     assert_eq!(
         controller["spec"]["podSelector"]["matchLabels"],
         deployment["spec"]["selector"]["matchLabels"]
     );
     let monitoring = json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]);
-    let only_metrics = json!([{"ports": [{"port": "http", "protocol": "TCP"}], "from": monitoring}]);
+    let only_metrics =
+        json!([{"ports": [{"port": "http", "protocol": "TCP"}], "from": monitoring}]);
     assert_eq!(controller["spec"]["policyTypes"], json!(["Ingress"]));
     assert_eq!(controller["spec"]["ingress"], only_metrics);
     let worker_labels = &worker_deployment("orders")["spec"]["template"]["metadata"]["labels"];
     for namespace in ["shop", "billing"] {
-        let workers = named(&objects, "NetworkPolicy", namespace, "mailer-mailer-operator-workers");
+        let workers = named(
+            &objects,
+            "NetworkPolicy",
+            namespace,
+            "mailer-mailer-operator-workers",
+        );
         for (key, value) in workers["spec"]["podSelector"]["matchLabels"]
             .as_object()
             .expect("matchLabels")

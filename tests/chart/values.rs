@@ -5,7 +5,7 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use crate::render::{chart_dir, render_chart, rejected};
+use crate::render::{chart_dir, rejected, render_chart};
 
 #[test]
 fn the_values_schema_rejects_typos_and_wrong_types() {

@@ -130,7 +130,10 @@ async fn the_image_runs_as_65532_and_its_worker_delivers_a_mail_from_the_real_br
             .expect("buildah inspect prints JSON");
     let config = &inspected["OCIv1"]["config"];
     assert_eq!(config["User"], "65532:65532", "a numeric, non-root user");
-    assert_eq!(config["Entrypoint"], serde_json::json!(["/usr/local/bin/mailer"]));
+    assert_eq!(
+        config["Entrypoint"],
+        serde_json::json!(["/usr/local/bin/mailer"])
+    );
     let labels = &config["Labels"];
     assert_eq!(
         labels["org.opencontainers.image.version"],
@@ -230,7 +233,10 @@ async fn the_image_runs_as_65532_and_its_worker_delivers_a_mail_from_the_real_br
     assert_eq!(delivered.len(), 1, "{delivered:?}");
     let eml = &delivered[0];
     let text = std::fs::read_to_string(eml).expect("the mail");
-    assert!(text.contains("Sent and delivered inside the image."), "{text}");
+    assert!(
+        text.contains("Sent and delivered inside the image."),
+        "{text}"
+    );
     assert!(
         text.contains("Message-ID: <from-the-image@shop.example>"),
         "{text}"
