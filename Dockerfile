@@ -5,14 +5,17 @@
 # distroless runtime with glibc and nothing else):
 #
 #   docker build -t registry.example/mailer:0.1.0 .
+#   buildah bud --build-arg BINARY_FROM=build -t registry.example/mailer:0.1.0 .
+# (buildah 1.28 skips the build stage unless BINARY_FROM is given explicitly.)
 #
 # `make image` (and CI) use the same runtime stage with build arguments: the binary
 # cargo already built (BINARY_FROM=prebuilt, the build context holding only it), on a
 # base assembled from this machine's Debian packages (RUNTIME_IMAGE, see
 # deploy/image/runtime-base.sh), because no registry can be reached there.
 
-# The Rust toolchain of the build stage; Cargo.toml's rust-version or newer.
-ARG RUST_IMAGE=docker.io/library/rust:1.89-bookworm
+# The Rust toolchain of the build stage: the one CI builds with (the locked
+# rabbitmq_http_client needs 1.94 or newer).
+ARG RUST_IMAGE=docker.io/library/rust:1.95-bookworm
 # The runtime base: glibc, libgcc, CA certificates, a user 65532, no shell.
 ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
 # `build` compiles the binary here; `prebuilt` copies the file BINARY from the context.
@@ -24,7 +27,7 @@ COPY . .
 # Symbols are no use in the image; they are most of an unstripped binary's size.
 ENV CARGO_PROFILE_RELEASE_STRIP=symbols
 RUN cargo build --release --locked --bin mailer \
-    && install -D -m 0755 target/release/mailer /out/mailer
+    && mkdir -p /out && cp target/release/mailer /out/mailer
 
 FROM scratch AS prebuilt
 # The binary's path in the build context.
