@@ -5,6 +5,7 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+use crate::EVERYTHING_ON;
 use crate::render::{chart_dir, rejected, render_chart};
 
 #[test]
@@ -87,7 +88,7 @@ fn values_the_schema_cannot_check_fail_the_render_with_a_reason() {
 
 #[test]
 fn helm_lint_strict_passes() {
-    for values in ["", "watchNamespaces: [shop]\nreplicas: 1\n"] {
+    for values in ["", "watchNamespaces: [shop]\nreplicas: 1\n", EVERYTHING_ON] {
         let output = render_chart(&["lint", "--values", "-"], values);
         assert!(
             output.status.success(),
