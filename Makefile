@@ -1,4 +1,8 @@
-.PHONY: build test test-rabbitmq4 lint bench demo crd
+.PHONY: build test test-rabbitmq4 lint bench demo crd image manifests
+
+# The crate's version: the image's tag and the chart's appVersion.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+IMAGE ?= ghcr.io/mailer-operator/mailer:$(VERSION)
 
 build:
 	cargo build --release
@@ -33,3 +37,24 @@ crd:
 # aiosmtpd sink; prints rates, ratios and memory. See docs/benchmarks.md.
 bench:
 	cargo bench --bench worker
+
+# The release image, through the Dockerfile's runtime stage, from the binary `cargo build
+# --release` made, on a base assembled from this machine's Debian packages; left in
+# buildah's vfs storage (buildah --storage-driver vfs images) and its size printed. Needs
+# buildah, as root. Users without buildah: docker build -t $(IMAGE) .
+image:
+	cargo build --release --locked
+	deploy/image/build.sh target/release/mailer $(IMAGE)
+
+# What is generated from another file and checked in (tests fail when they differ):
+# deploy/operator.yaml from the chart, and the Argo CD health check's argocd-cm snippet.
+manifests:
+	python3 tests/render_chart.py deploy > deploy/operator.yaml
+	@{ printf '%s\n' \
+	    '# Generated from deploy/argocd/health.lua by `make manifests`: do not edit.' \
+	    '# The MailerPipeline health check for Argo CD, merged into its argocd-cm:' \
+	    '#   kubectl -n argocd patch configmap argocd-cm --type merge --patch-file examples/argocd/argocd-cm.yaml' \
+	    '# With Argo CD'"'"'s Helm chart, put the key under configs.cm instead.' \
+	    'apiVersion: v1' 'kind: ConfigMap' 'metadata:' '  name: argocd-cm' '  namespace: argocd' \
+	    'data:' '  resource.customizations.health.mailer.dev_MailerPipeline: |'; \
+	  sed '/^$$/!s/^/    /' deploy/argocd/health.lua; } > examples/argocd/argocd-cm.yaml

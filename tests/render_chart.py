@@ -8,11 +8,15 @@ dry run into memory storage, which coalesces the values with the chart's default
 validates them against values.schema.json and renders every template.
 
     render_chart.py template [--release R] [--namespace N] [--values FILE|-]
-                             [--kube-version 1.33.0] [--allow-unvalidated KIND]...
+                             [--kube-version 1.28.0|newest]... [--allow-unvalidated KIND]...
         The manifests as `helm template` prints them. With --kube-version, every
         object is also validated (strictly: no unknown fields) against the Kubernetes
-        OpenAPI schemas of that version that the PyPI package kubernetes-validate ships;
-        a kind it has no schema for fails unless named with --allow-unvalidated.
+        OpenAPI schemas of that version that the PyPI package kubernetes-validate ships
+        (`newest`: the newest it ships); a kind it has no schema for fails unless named
+        with --allow-unvalidated.
+    render_chart.py deploy
+        deploy/operator.yaml: the chart's defaults as release mailer-operator in the
+        namespace mailer-system, after that Namespace; `make manifests` writes it.
     render_chart.py notes [--release R] [--namespace N] [--values FILE|-]
         The rendered NOTES.txt.
     render_chart.py lint [--values FILE|-]
@@ -85,9 +89,12 @@ def install_dry_run(h, args) -> dict:
 def kube_validate(manifest: str, version: str, allowed: set[str]) -> None:
     try:
         import kubernetes_validate
+        import kubernetes_validate.utils
         import yaml
     except ImportError as e:  # pragma: no cover - depends on the machine
         fail(f"cannot import {e.name}: python3 -m pip install kubernetes-validate==1.37.0", 3)
+    if version == "newest":
+        version = kubernetes_validate.utils.latest_version()
     problems = []
     for document in yaml.safe_load_all(manifest):
         if document is None:
@@ -99,7 +106,9 @@ def kube_validate(manifest: str, version: str, allowed: set[str]) -> None:
         try:
             kubernetes_validate.validate(document, version, strict=True)
         except kubernetes_validate.ValidationError as e:
-            problems.append(f"{name}: {e.message} at {'.'.join(map(str, e.path))}")
+            problems.append(
+                f"{name}: {e.message} at {'.'.join(map(str, e.path))} (Kubernetes {version})"
+            )
         except kubernetes_validate.SchemaNotFoundError as e:
             problems.append(
                 f"{name}: kubernetes-validate has no schema for {document.get('apiVersion')}"
@@ -108,6 +117,35 @@ def kube_validate(manifest: str, version: str, allowed: set[str]) -> None:
             problems.append(f"{name}: {e}")
     if problems:
         fail("Kubernetes schema validation failed:\n  " + "\n  ".join(problems))
+
+
+DEPLOY_HEADER = """\
+# Generated from charts/mailer-operator by `make manifests`: do not edit (a test fails
+# when this file and the chart's render differ; change the chart instead).
+#
+# The mailer operator without Helm, with the chart's defaults: two replicas electing a
+# leader through the Lease mailer-operator in mailer-system, watching all namespaces,
+# running ghcr.io/mailer-operator/mailer (the workers too).
+#   kubectl apply --server-side -f crds/mailerpipeline.yaml
+#   kubectl apply -f deploy/operator.yaml
+# To change a setting, render the chart with your values instead:
+#   helm template mailer-operator charts/mailer-operator -n mailer-system -f my-values.yaml
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: {namespace}
+  labels:
+    # The operator's pods meet the "restricted" Pod Security Standard.
+    pod-security.kubernetes.io/enforce: restricted
+"""
+
+
+def deploy_manifest(h) -> str:
+    """deploy/operator.yaml: a Namespace, and the chart's defaults rendered into it."""
+    args = argparse.Namespace(values=None, release="mailer-operator", namespace="mailer-system")
+    manifest = install_dry_run(h, args).get("manifest") or ""
+    return DEPLOY_HEADER.format(namespace=args.namespace) + manifest
 
 
 def main() -> None:
@@ -119,21 +157,24 @@ def main() -> None:
         command.add_argument("--namespace", default="mailer-system")
         command.add_argument("--values")
         if name == "template":
-            command.add_argument("--kube-version")
+            command.add_argument("--kube-version", action="append", default=[])
             command.add_argument("--allow-unvalidated", action="append", default=[])
     lint = commands.add_parser("lint")
     lint.add_argument("--values")
     lint.add_argument("--namespace", default="mailer-system")
     commands.add_parser("crds")
+    commands.add_parser("deploy")
     args = parser.parse_args()
 
     h = helm()
     if args.command == "template":
         release = install_dry_run(h, args)
         manifest = release.get("manifest") or ""
-        if args.kube_version:
-            kube_validate(manifest, args.kube_version, set(args.allow_unvalidated))
+        for version in args.kube_version:
+            kube_validate(manifest, version, set(args.allow_unvalidated))
         sys.stdout.write(manifest)
+    elif args.command == "deploy":
+        sys.stdout.write(deploy_manifest(h))
     elif args.command == "notes":
         sys.stdout.write(install_dry_run(h, args).get("notes") or "")
     elif args.command == "lint":

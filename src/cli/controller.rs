@@ -7,6 +7,14 @@ use anyhow::{Result, bail};
 
 use crate::controller::{LeaderOptions, Options, Settings};
 
+/// Where the release images are published; the chart, `deploy/operator.yaml` and the
+/// README name the same repository.
+pub const IMAGE_REPOSITORY: &str = "ghcr.io/mailer-operator/mailer";
+/// The release image of this build: [`IMAGE_REPOSITORY`] tagged with the crate version
+/// (the chart's `appVersion`).
+pub const DEFAULT_WORKER_IMAGE: &str =
+    concat!("ghcr.io/mailer-operator/mailer:", env!("CARGO_PKG_VERSION"));
+
 /// Where Kubernetes mounts the pod's namespace.
 const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
@@ -20,7 +28,7 @@ pub struct ControllerArgs {
     #[arg(long, env = "MAILER_RESYNC_INTERVAL", default_value = "5m", value_parser = humantime::parse_duration)]
     resync_interval: Duration,
     /// The worker image for pipelines that name none: normally the operator's own.
-    #[arg(long, env = "MAILER_WORKER_IMAGE")]
+    #[arg(long, env = "MAILER_WORKER_IMAGE", default_value = DEFAULT_WORKER_IMAGE)]
     worker_image: String,
     /// Where /metrics, /livez and /readyz are served.
     #[arg(long, env = "MAILER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
@@ -99,5 +107,18 @@ impl ControllerArgs {
             metrics_addr: self.metrics_addr,
             leader,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_worker_image_is_this_release() {
+        assert_eq!(
+            DEFAULT_WORKER_IMAGE,
+            format!("{IMAGE_REPOSITORY}:{}", env!("CARGO_PKG_VERSION"))
+        );
     }
 }

@@ -25,6 +25,9 @@ use crate::spec::MailerPipeline;
 /// The pod-template annotation with the hash of the Secrets the workers read: when one
 /// of them changes, so does the template, and the workers roll.
 pub const SECRETS_HASH_ANNOTATION: &str = "mailer.dev/secrets-hash";
+/// The user and group the workers run as: numeric, so the kubelet can check
+/// `runAsNonRoot` whatever the image declares (the release image's `USER` is the same).
+pub const WORKER_UID: i64 = 65532;
 /// Where the worker serves `/livez`, `/readyz` and `/metrics`.
 pub const WORKER_HTTP_ADDR: &str = "0.0.0.0:8080";
 const WORKER_HTTP_PORT: i32 = 8080;
@@ -173,6 +176,8 @@ pub fn desired_deployment(
             automount_service_account_token: Some(false),
             security_context: Some(PodSecurityContext {
                 run_as_non_root: Some(true),
+                run_as_user: Some(WORKER_UID),
+                run_as_group: Some(WORKER_UID),
                 seccomp_profile: Some(runtime_default_seccomp()),
                 ..PodSecurityContext::default()
             }),
@@ -325,6 +330,12 @@ mod tests {
             c["securityContext"],
             json!({"runAsNonRoot": true, "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
                    "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}})
+        );
+        assert_eq!(
+            pod["securityContext"],
+            json!({"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
+                   "seccompProfile": {"type": "RuntimeDefault"}}),
+            "a numeric user: an image without one would fail with CreateContainerConfigError"
         );
         assert_eq!(pod["terminationGracePeriodSeconds"], 120);
         assert_eq!(pod["automountServiceAccountToken"], false);

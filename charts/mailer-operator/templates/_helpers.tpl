@@ -31,7 +31,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/*
-The standard labels of every object of the release.
+The standard labels of every object of the release, and commonLabels.
 */}}
 {{- define "mailer-operator.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
@@ -40,6 +40,18 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/component: controller
 app.kubernetes.io/part-of: mailer
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The labels of the worker pods the operator makes for every pipeline (see
+src/controller/meta.rs; tests/chart.rs holds the two together).
+*/}}
+{{- define "mailer-operator.workerSelectorLabels" -}}
+app.kubernetes.io/name: mailer-worker
+app.kubernetes.io/managed-by: mailer-operator
 {{- end -}}
 
 {{/*
@@ -131,6 +143,11 @@ Checks of values that the schema cannot express.
 {{- define "mailer-operator.validate" -}}
 {{- if and (not .Values.leaderElection.enabled) (gt (int .Values.replicas) 1) -}}
 {{- fail "replicas > 1 needs leaderElection.enabled: true, or every replica would reconcile" -}}
+{{- end -}}
+{{- range $key, $_ := .Values.commonLabels -}}
+{{- if or (hasPrefix "app.kubernetes.io/" $key) (hasPrefix "helm.sh/" $key) -}}
+{{- fail (printf "commonLabels: %s is one of the chart's own labels; choose another key" $key) -}}
+{{- end -}}
 {{- end -}}
 {{- if and .Values.rbac.rabbitmqClusterNamespaces (not .Values.watchNamespaces) -}}
 {{- fail "rbac.rabbitmqClusterNamespaces is only for watchNamespaces: watching all namespaces already reads RabbitmqClusters everywhere" -}}

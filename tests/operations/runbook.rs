@@ -1,0 +1,108 @@
+//! The runbook, docs/operations.md, against the code: every condition reason the
+//! operator can set, every event, every metric and dead-letter reason is in it.
+//! (tests/chart.rs holds its alert sections to the chart's PrometheusRule.)
+
+use mailer::controller::reasons::{self, condition_reasons};
+use mailer::mail::DeadReason;
+
+use crate::root;
+use crate::support::metrics::{families, series_names};
+
+pub fn runbook() -> String {
+    std::fs::read_to_string(root().join("docs/operations.md")).expect("docs/operations.md")
+}
+
+/// The rows of the runbook's reason tables: (reason, its Argo CD health column).
+pub fn reason_rows(runbook: &str) -> Vec<(String, String)> {
+    let mut rows = Vec::new();
+    let mut argo_column = None;
+    for line in runbook.lines() {
+        let cells: Vec<_> = line
+            .trim()
+            .trim_matches('|')
+            .split('|')
+            .map(str::trim)
+            .collect();
+        if !line.starts_with('|') {
+            argo_column = None;
+            continue;
+        }
+        if cells.first() == Some(&"Reason") {
+            argo_column = cells.iter().position(|c| *c == "Argo CD");
+            continue;
+        }
+        let (Some(column), Some(reason)) = (
+            argo_column,
+            cells
+                .first()
+                .and_then(|c| c.strip_prefix('`'))
+                .and_then(|c| c.strip_suffix('`')),
+        ) else {
+            continue;
+        };
+        rows.push((reason.to_string(), cells[column].to_string()));
+    }
+    rows
+}
+
+#[test]
+fn the_runbook_names_every_condition_reason_once() {
+    let rows = reason_rows(&runbook());
+    for reason in condition_reasons() {
+        let found = rows.iter().filter(|(r, _)| *r == reason).count();
+        assert_eq!(
+            found, 1,
+            "docs/operations.md must have one row for the condition reason {reason} (what it means, what to do, its Argo CD health)"
+        );
+    }
+}
+
+#[test]
+fn the_runbook_names_every_event_metric_and_dead_letter_reason() {
+    let text = runbook();
+    let events = [
+        reasons::event::TOPOLOGY_CREATED,
+        reasons::event::TOPOLOGY_UPDATED,
+        reasons::event::TOPOLOGY_REPAIRED,
+        reasons::event::DEAD_LETTERS_GREW,
+        reasons::event::CLEANED_UP,
+        reasons::event::CLEANUP_INCOMPLETE,
+    ];
+    for event in events {
+        assert!(
+            text.contains(&format!("| `{event}` |")),
+            "the event {event}"
+        );
+    }
+    let failed = format!("| `{}<Reason>` |", reasons::event::RECONCILE_FAILED_PREFIX);
+    assert!(text.contains(&failed), "{failed}");
+
+    let families = families();
+    assert!(families.len() >= 11, "{families:?}");
+    for family in &families {
+        // A gauge or histogram is named by its family, a counter by its `_total` series.
+        assert!(
+            series_names(family)
+                .iter()
+                .any(|name| text.contains(&format!("| `{name}` |"))),
+            "docs/operations.md has no row for the metric {family}"
+        );
+    }
+    assert!(text.contains("| `mailer_controller_pipeline_ready` | gauge |"));
+
+    for reason in DeadReason::ALL {
+        assert!(
+            text.contains(&format!("`{reason}`")),
+            "dead-letter reason {reason}"
+        );
+    }
+    for header in [
+        mailer::mail::DEAD_REASON_HEADER,
+        mailer::mail::DEAD_ATTEMPTS_HEADER,
+        mailer::mail::DEAD_ERROR_HEADER,
+    ] {
+        assert!(text.contains(&format!("| `{header}` |")), "{header}");
+    }
+    // `mailer dead` is announced, not documented as if it existed.
+    assert!(text.contains("**Coming: `mailer dead`.**"));
+}
