@@ -25,9 +25,13 @@ async fn pipeline(test: &str) -> TestVhost {
         vhost.name
     ))
     .unwrap();
-    topology::apply(&management(), &Topology::desired(&spec).unwrap())
-        .await
-        .expect("topology");
+    let capabilities = support::broker::TestBroker::get().capabilities();
+    topology::apply(
+        &management(),
+        &Topology::desired(&spec, capabilities).unwrap(),
+    )
+    .await
+    .expect("topology");
     vhost
 }
 
