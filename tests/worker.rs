@@ -302,11 +302,21 @@ async fn every_row_of_the_outcome_table_holds_end_to_end() {
         names,
         BTreeSet::from([
             "traceparent",
+            "x-mail-dead-at",
             "x-mail-dead-attempts",
             "x-mail-dead-error",
             "x-mail-dead-reason"
         ]),
         "the producer's headers survive every retry; the broker's and ours are replaced"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        matches!(gave_up.headers.inner().get("x-mail-dead-at"), Some(AMQPValue::Timestamp(at)) if now.abs_diff(*at) < 120),
+        "the dead letter says when it died: {:?}",
+        gave_up.headers.inner().get("x-mail-dead-at")
     );
     assert_eq!(
         text(gave_up.headers.inner().get("traceparent")).as_deref(),
