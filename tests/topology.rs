@@ -519,12 +519,27 @@ async fn a_request_returned_six_times_lands_in_the_dead_queue() {
         .unwrap();
 }
 
-/// Reads the one message of `queue` and returns it, as the management UI's "get
-/// messages" does, up to `times` times; returns how many reads found it.
-async fn read_and_return(channel: &lapin::Channel, queue: &str, times: usize) -> usize {
+/// Once the dead queue's policy is in force, publishes a dead letter, reads it and returns
+/// it, as the management UI's "get messages" does, up to `times` times; returns how many
+/// reads found it.
+async fn dead_letter_read_and_returned(
+    vhost: &TestVhost,
+    channel: &lapin::Channel,
+    times: usize,
+) -> usize {
+    wait_for_policy_in_force(vhost, "mail.send.dead", "mailer.mail.send.dead").await;
+    publish(
+        channel,
+        "mail.dead",
+        "",
+        b"looked at",
+        BasicProperties::default(),
+    )
+    .await;
     for read in 0..times {
         // A returned message is back in the queue a moment later, not at once.
-        let Some(message) = get_within(channel, queue, Duration::from_secs(2)).await else {
+        let Some(message) = get_within(channel, "mail.send.dead", Duration::from_secs(2)).await
+        else {
             return read;
         };
         message
@@ -583,17 +598,8 @@ async fn the_dead_queue_keeps_a_dead_letter_however_often_it_is_read() {
     let result = topology::apply(&management(), &Topology::desired(&spec, other).unwrap()).await;
     if broker.is_4x() {
         result.expect("apply");
-        wait_for_policy_in_force(&vhost, "mail.send.dead", "mailer.mail.send.dead").await;
-        publish(
-            &channel,
-            "mail.dead",
-            "",
-            b"looked at",
-            BasicProperties::default(),
-        )
-        .await;
         assert_eq!(
-            read_and_return(&channel, "mail.send.dead", 25).await,
+            dead_letter_read_and_returned(&vhost, &channel, 25).await,
             21,
             "RabbitMQ 4 drops a dead letter at its 21st return unless the policy lifts the limit"
         );
@@ -617,17 +623,8 @@ async fn the_dead_queue_keeps_a_dead_letter_however_often_it_is_read() {
             "update policy mailer.mail.send.dead: delivery-limit (unset) -> -1"
         );
     }
-    wait_for_policy_in_force(&vhost, "mail.send.dead", "mailer.mail.send.dead").await;
-    publish(
-        &channel,
-        "mail.dead",
-        "",
-        b"looked at",
-        BasicProperties::default(),
-    )
-    .await;
     assert_eq!(
-        read_and_return(&channel, "mail.send.dead", 30).await,
+        dead_letter_read_and_returned(&vhost, &channel, 30).await,
         30,
         "neither the broker's default limit nor the user's catch-all policy applies"
     );
