@@ -6,6 +6,7 @@ use std::io::Write;
 use super::letter::DeadLetter;
 use super::queue::{DeadQueue, Verdict};
 use super::render::{Stats, json_line, table};
+use super::value::dead_letters;
 use super::{DeadError, Filter, Matched, Target, for_each_match, show};
 
 /// How `list` prints.
@@ -56,9 +57,9 @@ pub async fn list(
         }
         let _ = writeln!(
             out,
-            "{} of {} dead letters in {} listed",
+            "{} of {} in {} listed",
             letters.len(),
-            read.pass.depth.ready,
+            dead_letters(read.pass.depth.ready as usize),
             target.dead_queue
         );
     }
@@ -75,8 +76,10 @@ pub async fn stats(
     let read = read_matches(target, filter, |_, _, letter| stats.add(&letter)).await?;
     let _ = writeln!(
         out,
-        "{}: {} dead letters, {} matching",
-        target.dead_queue, read.pass.depth.ready, read.matched
+        "{}: {}, {} matching",
+        target.dead_queue,
+        dead_letters(read.pass.depth.ready as usize),
+        read.matched
     );
     let _ = write!(out, "{stats}");
     Ok(())

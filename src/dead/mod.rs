@@ -114,8 +114,8 @@ fn warn_about(pass: &Pass, queue: &str) {
     }
     if pass.missed > 0 {
         eprintln!(
-            "warning: {} dead letters counted at the start never came: another consumer took them",
-            pass.missed
+            "warning: {} counted at the start never came: another consumer took them",
+            value::dead_letters(pass.missed)
         );
     }
     if !pass.put_back {

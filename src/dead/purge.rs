@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use super::queue::{DeadQueue, Verdict};
-use super::value::one_line;
+use super::value::{dead_letters, one_line};
 use super::{DeadError, Filter, Target, for_each_match};
 
 pub async fn purge(
@@ -32,14 +32,14 @@ pub async fn purge(
     let _ = if yes {
         writeln!(
             out,
-            "removed {} dead letters from {queue}",
-            read.pass.removed
+            "removed {} from {queue}",
+            dead_letters(read.pass.removed)
         )
     } else {
         writeln!(
             out,
-            "would remove {} dead letters from {queue}; nothing was removed: run again with --yes to remove them",
-            read.matched
+            "would remove {} from {queue}; nothing was removed: run again with --yes to remove them",
+            dead_letters(read.matched)
         )
     };
     Ok(())

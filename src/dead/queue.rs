@@ -9,10 +9,12 @@
 //! - Returning deliveries one by one, or many at once with `basic.nack(multiple)`, does
 //!   not keep their order (more than 32 come back shuffled), and 3.10 puts a returned
 //!   `basic.get` at the back of the queue. A consumer whose channel closes gets every
-//!   delivery it held put back at the head of the queue in their order, on both
-//!   versions. So a pass consumes, holds what it reads unacknowledged, and closes the
-//!   channel: what it did not remove is back where it was, before anything that arrived
-//!   meanwhile.
+//!   delivery it held put back in their order, on both versions, behind the messages put
+//!   back before and ahead of those never delivered. So a pass consumes, holds what it
+//!   reads unacknowledged, and closes the channel; and it always reads the whole queue
+//!   (a command that needs no more reads on without acting), since what it left unread
+//!   may be messages put back by an earlier pass, which its own would then follow. What
+//!   it did not remove is back where it was, before anything that arrived meanwhile.
 //! - The put-back happens after the channel is closed, a moment later. A pass waits until
 //!   the broker no longer counts its consumer (the put-back and the consumer's removal are
 //!   one step of the queue), so the next command sees every dead letter.
@@ -28,8 +30,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
-    QueueDeclareOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, Consumer};
@@ -67,7 +69,8 @@ pub enum Verdict {
     Keep,
     /// Remove it from the queue (acknowledge it), and read on.
     Remove,
-    /// Leave it in the queue, and read no further.
+    /// Leave it and every later one in the queue: the rest are read, to keep the order,
+    /// but not handed on.
     Stop,
 }
 
@@ -77,6 +80,8 @@ pub struct Pass {
     /// The queue when the pass began.
     pub depth: Depth,
     pub read: usize,
+    /// How many were handed on before a [`Verdict::Stop`].
+    pub visited: usize,
     pub removed: usize,
     /// Dead letters counted at the start that never came, because another consumer took
     /// them (or they were removed meanwhile).
@@ -149,6 +154,7 @@ impl DeadQueue {
         };
         let planned = depth.ready as usize;
         let mut windows: Vec<Window> = Vec::new();
+        let mut stopped = false;
         let outcome = loop {
             if pass.read >= planned {
                 break Ok(());
@@ -181,13 +187,17 @@ impl DeadQueue {
             };
             pass.read += 1;
             current.held += 1;
+            if stopped {
+                continue;
+            }
+            pass.visited += 1;
             match visit(&delivery).await {
                 Ok(Verdict::Keep) => {}
                 Ok(Verdict::Remove) => match self.remove(current, &delivery).await {
                     Ok(()) => pass.removed += 1,
                     Err(e) => break Err(e),
                 },
-                Ok(Verdict::Stop) => break Ok(()),
+                Ok(Verdict::Stop) => stopped = true,
                 Err(e) => break Err(e),
             }
         };
@@ -245,7 +255,18 @@ impl DeadQueue {
     /// Closes the windows in the order they were opened, each once the broker has taken
     /// back what the one before held, so the dead letters go back in their order. `others`
     /// is how many consumers the queue had before the pass.
+    ///
+    /// Every consumer is cancelled first: the last window may have room left (after a
+    /// removal, or a stop), and would otherwise be given the dead letters the first one
+    /// puts back, and put them back after all the others. A cancelled consumer keeps
+    /// what it holds, and is still counted, until its channel closes.
     async fn put_back(&self, windows: Vec<Window>, others: u32) -> bool {
+        for window in &windows {
+            let _ = window
+                .channel
+                .basic_cancel(window.consumer.tag(), BasicCancelOptions::default())
+                .await;
+        }
         let mut all_back = true;
         let mut still_open = windows.len() as u32;
         for window in windows {

@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use serde::Serialize;
 
 use super::letter::DeadLetter;
-use super::value::{cut, one_line, rfc3339};
+use super::value::{cut, cut_middle, one_line, rfc3339};
 
 /// The widest a table column that holds a request's text may be, in characters.
 const MAX_TO: usize = 40;
@@ -100,7 +100,7 @@ fn row(letter: &DeadLetter) -> [String; 7] {
             &one_line(letter.subject.as_deref().unwrap_or("-")),
             MAX_SUBJECT,
         ),
-        cut(&one_line(letter.error.as_deref().unwrap_or("-")), MAX_ERROR),
+        cut_middle(&one_line(letter.error.as_deref().unwrap_or("-")), MAX_ERROR),
     ]
 }
 

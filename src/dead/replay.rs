@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::queue::{DeadQueue, Verdict};
-use super::value::one_line;
+use super::value::{dead_letters, one_line};
 use super::{DeadError, Filter, Target, for_each_match};
 use crate::mail::REPLAYS_HEADER;
 use crate::worker::publish::{publish_confirmed, republished};
@@ -109,10 +109,6 @@ pub async fn replay(
     let (mut replayed, mut interrupted) = (0, false);
     let mut next_at = Instant::now();
     let read = for_each_match(&queue, filter, async |delivery, letter| {
-        if stopped.load(Ordering::SeqCst) {
-            interrupted = true;
-            return Ok(Verdict::Stop);
-        }
         let id = one_line(letter.message_id.as_deref().unwrap_or("-"));
         let reason = one_line(&letter.reason);
         let Some(channel) = &publisher else {
@@ -122,6 +118,10 @@ pub async fn replay(
         if let Some(rate) = options.rate {
             tokio::time::sleep_until(next_at).await;
             next_at = Instant::now().max(next_at) + rate.interval();
+        }
+        if stopped.load(Ordering::SeqCst) {
+            interrupted = true;
+            return Ok(Verdict::Stop);
         }
         let properties = fresh_request(&delivery.properties, letter.replays + 1, user);
         let span = tracing::info_span!("replay", message_id = %id);
@@ -142,7 +142,7 @@ pub async fn replay(
                 Ok(Verdict::Remove)
             }
             Err(source) => Err(DeadError::Replay {
-                done: format!("replayed {replayed} dead letters"),
+                done: format!("replayed {}", dead_letters(replayed)),
                 message_id: id,
                 source,
             }),
@@ -154,20 +154,22 @@ pub async fn replay(
     let read = read?;
     if interrupted {
         return Err(DeadError::Interrupted(format!(
-            "interrupted: replayed {replayed} dead letters; the rest are still in {}, run the same command again to go on",
+            "interrupted: replayed {}; the rest are still in {}, run the same command again to go on",
+            dead_letters(replayed),
             target.dead_queue
         )));
     }
     let _ = if options.dry_run {
         writeln!(
             out,
-            "would replay {} dead letters to {destination}; nothing was published (dry run)",
-            read.matched
+            "would replay {} to {destination}; nothing was published (dry run)",
+            dead_letters(read.matched)
         )
     } else {
         writeln!(
             out,
-            "replayed {replayed} dead letters to {destination}; {} left in {}",
+            "replayed {} to {destination}; {} left in {}",
+            dead_letters(replayed),
             (read.pass.depth.ready as usize).saturating_sub(read.pass.removed),
             target.dead_queue
         )

@@ -115,6 +115,28 @@ fn is_invisible_format(c: char) -> bool {
     matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
 }
 
+/// `n dead letters`, or `1 dead letter`.
+pub fn dead_letters(n: usize) -> String {
+    match n {
+        1 => "1 dead letter".to_string(),
+        n => format!("{n} dead letters"),
+    }
+}
+
+/// At most `max` characters of `text`: its start and its end, with `…` between when
+/// something was cut (an error's cause is often at its end).
+pub fn cut_middle(text: &str, max: usize) -> String {
+    let count = text.chars().count();
+    if count <= max {
+        return text.to_string();
+    }
+    let head = max.saturating_sub(1) / 2;
+    let tail = max.saturating_sub(1) - head;
+    let start: String = text.chars().take(head).collect();
+    let end: String = text.chars().skip(count - tail).collect();
+    format!("{start}…{end}")
+}
+
 /// At most `max` characters of `text`, with `…` when something was cut.
 pub fn cut(text: &str, max: usize) -> String {
     if text.chars().count() <= max {
@@ -186,6 +208,10 @@ mod tests {
         assert_eq!(one_line("evil\u{202e}txt"), "evil\\u{202e}txt");
         assert_eq!(cut("abcdef", 4), "abc…");
         assert_eq!(cut("abc", 4), "abc");
+        assert_eq!(cut_middle("abcdefghij", 5), "ab…ij");
+        assert_eq!(cut_middle("abc", 5), "abc");
+        assert_eq!(dead_letters(1), "1 dead letter");
+        assert_eq!(dead_letters(0), "0 dead letters");
     }
 
     #[test]

@@ -1,4 +1,5 @@
 //! Shared by the integration test binaries; each uses only part of it.
 
 pub mod broker;
+pub mod process;
 pub mod smtp;
