@@ -87,7 +87,7 @@ pub async fn for_each_match(
     let now = SystemTime::now();
     let mut matched = 0;
     let pass = queue
-        .pass(queue::MAX_WINDOW, async |delivery| {
+        .pass(queue::WINDOW, async |delivery| {
             if filter.is_full(matched) {
                 return Ok(Verdict::Stop);
             }

@@ -18,9 +18,10 @@
 //! - The put-back happens after the channel is closed, a moment later. A pass waits until
 //!   the broker no longer counts its consumer (the put-back and the consumer's removal are
 //!   one step of the queue), so the next command sees every dead letter.
-//! - One consumer holds at most 65535 deliveries (AMQP's prefetch is 16 bits), so a
-//!   bigger queue is read through several consumers, each opened when the one before is
-//!   full and closed, in turn, after it.
+//! - A consumer is sent at once as many deliveries as its prefetch allows, so a pass
+//!   reads through consumers of [`WINDOW`] deliveries each, each opened when the one
+//!   before is full and, before any is closed, all cancelled (a consumer with room left
+//!   would be given what another puts back); then closed in turn.
 //!
 //! A removal (replay, purge) acks the delivery and then makes a round trip on the same
 //! channel, so the ack has reached the broker before the next dead letter is read.
@@ -39,8 +40,11 @@ use lapin::{Channel, Connection, ConnectionProperties, Consumer};
 use super::DeadError;
 use crate::redact::redact_url;
 
-/// The most deliveries one consumer can hold unacknowledged: the prefetch is 16 bits.
-pub const MAX_WINDOW: u16 = u16::MAX;
+/// How many deliveries one consumer of a pass holds. The broker sends a consumer as many
+/// as it may hold at once, so this bounds the deliveries waiting in memory; a bigger queue
+/// is read through one consumer (and channel) per this many dead letters, up to RabbitMQ's
+/// 2047 channels per connection: about two million.
+pub const WINDOW: u16 = 1000;
 /// How long a pass waits for the next delivery before it concludes that another consumer
 /// took the rest.
 const IDLE: Duration = Duration::from_secs(2);
@@ -141,7 +145,7 @@ impl DeadQueue {
 
     /// Reads the dead letters that are in the queue now, in their order, handing each to
     /// `visit`, and puts back all it did not remove. Consumers of at most `window`
-    /// deliveries each are used ([`MAX_WINDOW`] but for tests).
+    /// deliveries each are used ([`WINDOW`] but for tests).
     pub async fn pass(
         &self,
         window: u16,
