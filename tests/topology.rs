@@ -482,15 +482,7 @@ async fn a_request_returned_six_times_lands_in_the_dead_queue() {
             deliveries <= 6,
             "delivered more often than the limit allows"
         );
-        message
-            .delivery
-            .acker
-            .nack(BasicNackOptions {
-                requeue: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        put_back(message).await;
     }
     assert_eq!(
         deliveries, 6,
@@ -542,17 +534,22 @@ async fn dead_letter_read_and_returned(
         else {
             return read;
         };
-        message
-            .delivery
-            .acker
-            .nack(BasicNackOptions {
-                requeue: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        put_back(message).await;
     }
     times
+}
+
+/// Returns a delivery to its queue, as a consumer that gives up on it does.
+async fn put_back(message: lapin::message::BasicGetMessage) {
+    message
+        .delivery
+        .acker
+        .nack(BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
 }
 
 /// A user's catch-all policy, of a lower priority than the mailer's, that would drop a

@@ -5,7 +5,7 @@
 pub mod support;
 
 use std::collections::BTreeSet;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use lapin::options::{BasicAckOptions, QueueDeclareOptions};
@@ -15,6 +15,7 @@ use mailer::spec::MailerPipelineSpec;
 use mailer::topology::{self, Topology};
 use serde_json::json;
 use support::broker::{TestVhost, confirming_channel, get_within, management, publish, text};
+use support::process::exit_within;
 use support::smtp::{SmtpServer, closed_port};
 
 /// Applies the default topology with a short retry delay to a fresh vhost.
@@ -36,41 +37,11 @@ async fn pipeline(test: &str) -> TestVhost {
 }
 
 fn start_worker(vhost: &TestVhost, provider_url: &str, max_attempts: u32) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_mailer"))
-        .arg("worker")
-        .env("MAIL_AMQP_URL", vhost.amqp_url())
-        .env("MAIL_PROVIDER_URL", provider_url)
-        .env("MAIL_MAX_ATTEMPTS", max_attempts.to_string())
-        .env("MAIL_HTTP_ADDR", "127.0.0.1:0")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start mailer worker")
-}
-
-/// Waits for the process to exit, at most `within`.
-fn exit_within(child: &mut Child, within: Duration) -> ExitStatus {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            panic!("the worker did not exit within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    support::process::start_worker(&vhost.amqp_url(), provider_url, max_attempts)
 }
 
 fn terminate(child: &Child) {
-    let status = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status()
-        .expect("kill -TERM");
-    assert!(status.success());
+    support::process::signal(child, "TERM");
 }
 
 fn request(to: &[&str]) -> Vec<u8> {
@@ -164,16 +135,7 @@ async fn ready(channel: &Channel, queue: &str) -> u32 {
 
 /// The Message-IDs of the mails the SMTP server stored.
 fn delivered_ids(smtp: &SmtpServer) -> Vec<String> {
-    smtp.mails()
-        .iter()
-        .filter_map(|mail| {
-            mail.lines().find_map(|line| {
-                let (name, value) = line.split_once(':')?;
-                name.eq_ignore_ascii_case("message-id")
-                    .then(|| value.trim().trim_matches(['<', '>']).to_string())
-            })
-        })
-        .collect()
+    smtp.message_ids()
 }
 
 #[tokio::test]
