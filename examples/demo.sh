@@ -2,7 +2,8 @@
 # The whole pipeline without Kubernetes, on this machine: `mailer run` applies the
 # topology of examples/demo-pipeline.yaml to RabbitMQ and runs a worker that writes each
 # mail as an .eml file. Then three mails: one delivered, one parked while the outbox is
-# away and delivered by its retry, one malformed and dead-lettered with why.
+# away and delivered by its retry, one malformed and dead-lettered with why, which
+# `mailer dead` lists, shows, would replay and would purge.
 #
 # Needs RabbitMQ with the management plugin: RABBITMQ_MANAGEMENT_URL and MAIL_AMQP_URL
 # default to guest/guest on localhost. A local broker that is stopped is started, and
@@ -167,15 +168,13 @@ step "3. a malformed request (a line break in its subject): dead-lettered to mai
 printf '%s' '{"from":"shop@shop.example","to":["carol@example.com"],"subject":"Hi\r\nBcc: all@example.com","text":"x"}' >"$work/bad.json"
 send --message-id sneaky-carol --json "$work/bad.json"
 wait_for 10 grep -q 'dead-lettered' "$work/worker.log"
-curl -fsS -X POST -H 'content-type: application/json' \
-  -d '{"count":1,"ackmode":"ack_requeue_true","encoding":"auto"}' \
-  "${management%/}/api/queues/$vhost/mail.send.dead/get" |
-  python3 -c 'import json,sys
-m = json.load(sys.stdin)[0]
-h = m["properties"]["headers"]
-print("dead letter", m["properties"]["message_id"], "reason:", h["x-mail-dead-reason"], "attempts:", h["x-mail-dead-attempts"])
-print("error:", h["x-mail-dead-error"])'
-
+dead() { "$mailer" dead "$@" -f examples/demo-pipeline.yaml --amqp-url "$amqp"; }
+dead list
+dead show sneaky-carol
 metric 'mailer_worker_dead_letters_total{'
+
+step "4. what to do with it: mailer dead replay (a dry run here), purge (without --yes: nothing removed)"
+dead replay --reason malformed --dry-run
+dead purge --message-id sneaky-carol
 
 step "done: the mails are in $outbox; stopping the worker and removing the demo vhost"

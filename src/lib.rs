@@ -1,10 +1,11 @@
 //! mailer: a Kubernetes operator and worker for a mail-sending pipeline on RabbitMQ.
 //!
-//! The core (`mail`, `spec`, `topology`, `worker`, `provider`) has no Kubernetes in it;
+//! The core (`mail`, `spec`, `topology`, `worker`, `provider`, `dead`) has no Kubernetes in it;
 //! `controller` is the kube-runtime glue around it.
 
 pub mod cli;
 pub mod controller;
+pub mod dead;
 pub mod mail;
 pub mod manifest;
 pub mod provider;

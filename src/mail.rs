@@ -28,9 +28,18 @@ pub const DEAD_REASON_HEADER: &str = "x-mail-dead-reason";
 pub const DEAD_ATTEMPTS_HEADER: &str = "x-mail-dead-attempts";
 /// The error of a dead letter's last attempt.
 pub const DEAD_ERROR_HEADER: &str = "x-mail-dead-error";
+/// When a request was dead-lettered: an AMQP timestamp (seconds since the Unix epoch).
+pub const DEAD_AT_HEADER: &str = "x-mail-dead-at";
+/// How many times `mailer dead replay` has sent a dead letter again; absent means never.
+/// Unlike the other `x-mail-` headers it survives parking and dead-lettering.
+pub const REPLAYS_HEADER: &str = "x-mail-replays";
 /// Every header the mailer sets starts with this; a request's copies are stripped
-/// before ours are set.
+/// before ours are set ([`REPLAYS_HEADER`] excepted).
 pub const MAIL_HEADER_PREFIX: &str = "x-mail-";
+
+/// The broker's record of each time it dead-lettered a message, newest first: an array of
+/// tables with `reason`, `queue`, `time`, `count`, `exchange` and `routing-keys`.
+pub const DEATH_HEADER: &str = "x-death";
 
 /// The largest `x-mail-dead-error` value, in bytes, so a header frame never overflows.
 pub const MAX_DEAD_ERROR_BYTES: usize = 4096;
@@ -75,5 +84,38 @@ impl DeadReason {
 impl std::fmt::Display for DeadReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// Why RabbitMQ itself dead-lettered a message: the `reason` of an [`DEATH_HEADER`] entry.
+/// A request has one of these, and no [`DEAD_REASON_HEADER`], when the broker moved it
+/// to the dead exchange (e.g. from the send queue after its delivery limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BrokerDeadReason {
+    /// Delivered more often than the queue's delivery limit allows.
+    DeliveryLimit,
+    /// Its time to live ran out.
+    Expired,
+    /// Dropped from the head of a queue at its length limit.
+    Maxlen,
+    /// A consumer rejected it without requeueing.
+    Rejected,
+}
+
+impl BrokerDeadReason {
+    pub const ALL: [BrokerDeadReason; 4] = [
+        Self::DeliveryLimit,
+        Self::Expired,
+        Self::Maxlen,
+        Self::Rejected,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::DeliveryLimit => "delivery_limit",
+            Self::Expired => "expired",
+            Self::Maxlen => "maxlen",
+            Self::Rejected => "rejected",
+        }
     }
 }

@@ -55,6 +55,8 @@ enum Command {
     },
     /// Publish one mail request, for trying the pipeline by hand.
     Send(cli::worker::SendArgs),
+    /// List, inspect, replay and purge a pipeline's dead letters, losing none.
+    Dead(cli::dead::DeadArgs),
     /// Print the JSON Schema of a mail request.
     RequestSchema,
 }
@@ -155,6 +157,7 @@ async fn main() -> ExitCode {
             http_addr,
         } => cli::worker::run(&file, &management_url, &amqp_url, &provider_url, http_addr).await,
         Command::Send(args) => cli::worker::send(args).await,
+        Command::Dead(args) => cli::dead::run(args).await,
         Command::RequestSchema => {
             println!(
                 "{}",

@@ -11,11 +11,11 @@ use lapin::options::{BasicAckOptions, BasicNackOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use mailer::spec::{DeletionPolicy, MailerPipelineSpec};
 use mailer::topology::reconcile::EmptinessCheck;
-use mailer::topology::{self, Topology, TopologyError};
+use mailer::topology::{self, BrokerCapabilities, Topology, TopologyError};
 use rabbitmq_http_client::commons::BindingDestinationType;
 use serde_json::{Value, json};
 use support::broker::{
-    self, TestVhost, confirming_channel, get_within, management, publish, raw_api, text,
+    self, TestBroker, TestVhost, confirming_channel, get_within, management, publish, raw_api, text,
 };
 
 fn spec(vhost: &str, extra: &str) -> MailerPipelineSpec {
@@ -23,7 +23,7 @@ fn spec(vhost: &str, extra: &str) -> MailerPipelineSpec {
 }
 
 fn desired(vhost: &str, extra: &str) -> Topology {
-    Topology::desired(&spec(vhost, extra)).expect("topology")
+    Topology::desired(&spec(vhost, extra), TestBroker::get().capabilities()).expect("topology")
 }
 
 #[tokio::test]
@@ -33,7 +33,7 @@ async fn a_fresh_apply_creates_exactly_the_designs_objects() {
     let changes = topology::apply(&m, &desired(&vhost.name, ""))
         .await
         .expect("apply");
-    assert_eq!(changes.len(), 12, "{changes:#?}");
+    assert_eq!(changes.len(), 13, "{changes:#?}");
 
     let api = raw_api();
     let mut exchanges: Vec<(String, String, bool, bool)> = api
@@ -129,6 +129,11 @@ async fn a_fresh_apply_creates_exactly_the_designs_objects() {
                 json!({"delivery-limit": 5, "dead-letter-exchange": "mail.dead", "dead-letter-strategy": "at-least-once", "overflow": "reject-publish"})
             ),
             (
+                "mailer.mail.send.dead".into(),
+                r"^mail\.send\.dead$".into(),
+                dead_queue_definition()
+            ),
+            (
                 "mailer.mail.send.retry".into(),
                 r"^mail\.send\.retry$".into(),
                 json!({"message-ttl": 300000, "dead-letter-exchange": "mail", "dead-letter-routing-key": "mail.send", "dead-letter-strategy": "at-least-once", "overflow": "reject-publish"})
@@ -139,29 +144,43 @@ async fn a_fresh_apply_creates_exactly_the_designs_objects() {
     // Each policy is the one in force on exactly its own queue. The API reports the
     // policy in force from its statistics, which lag, so wait for it with a deadline.
     for (queue, policy) in [
-        ("mail.send", Some("mailer.mail.send")),
-        ("mail.send.retry", Some("mailer.mail.send.retry")),
+        ("mail.send", "mailer.mail.send"),
+        ("mail.send.retry", "mailer.mail.send.retry"),
+        ("mail.send.dead", "mailer.mail.send.dead"),
     ] {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            let found = api.get_queue_info(&vhost.name, queue).await.unwrap().policy;
-            if found.as_deref() == policy {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{queue}: policy in force is {found:?}, not {policy:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        wait_for_policy_in_force(&vhost, queue, policy).await;
     }
-    assert_eq!(
-        api.get_queue_info(&vhost.name, "mail.send.dead")
+}
+
+/// The dead queue's policy on the broker under test: no delivery limit on 4.x, where
+/// quorum queues otherwise have one of 20.
+fn dead_queue_definition() -> Value {
+    if TestBroker::get().is_4x() {
+        json!({"delivery-limit": -1, "overflow": "reject-publish"})
+    } else {
+        json!({"overflow": "reject-publish"})
+    }
+}
+
+/// Waits until `policy` is the one in force on `queue`. The API reports it from its
+/// statistics, which lag, so this polls with a deadline.
+async fn wait_for_policy_in_force(vhost: &TestVhost, queue: &str, policy: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let found = raw_api()
+            .get_queue_info(&vhost.name, queue)
             .await
             .unwrap()
-            .policy,
-        None
-    );
+            .policy;
+        if found.as_deref() == Some(policy) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{queue}: policy in force is {found:?}, not {policy:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 #[tokio::test]
@@ -340,6 +359,7 @@ async fn delete_keeps_a_queue_that_holds_mail_unless_forced() {
             "queue mail.send.retry",
             "policy mailer.mail.send",
             "policy mailer.mail.send.retry",
+            "policy mailer.mail.send.dead",
         ]
     );
     assert_eq!(report.kept.len(), 1, "{report:?}");
@@ -462,15 +482,7 @@ async fn a_request_returned_six_times_lands_in_the_dead_queue() {
             deliveries <= 6,
             "delivered more often than the limit allows"
         );
-        message
-            .delivery
-            .acker
-            .nack(BasicNackOptions {
-                requeue: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        put_back(message).await;
     }
     assert_eq!(
         deliveries, 6,
@@ -497,6 +509,138 @@ async fn a_request_returned_six_times_lands_in_the_dead_queue() {
         .ack(BasicAckOptions::default())
         .await
         .unwrap();
+}
+
+/// Once the dead queue's policy is in force, publishes a dead letter, reads it and returns
+/// it, as the management UI's "get messages" does, up to `times` times; returns how many
+/// reads found it.
+async fn dead_letter_read_and_returned(
+    vhost: &TestVhost,
+    channel: &lapin::Channel,
+    times: usize,
+) -> usize {
+    wait_for_policy_in_force(vhost, "mail.send.dead", "mailer.mail.send.dead").await;
+    publish(
+        channel,
+        "mail.dead",
+        "",
+        b"looked at",
+        BasicProperties::default(),
+    )
+    .await;
+    for read in 0..times {
+        // A returned message is back in the queue a moment later, not at once.
+        let Some(message) = get_within(channel, "mail.send.dead", Duration::from_secs(2)).await
+        else {
+            return read;
+        };
+        put_back(message).await;
+    }
+    times
+}
+
+/// Returns a delivery to its queue, as a consumer that gives up on it does.
+async fn put_back(message: lapin::message::BasicGetMessage) {
+    message
+        .delivery
+        .acker
+        .nack(BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+/// A user's catch-all policy, of a lower priority than the mailer's, that would drop a
+/// dead letter at its fourth read if it were in force on the dead queue.
+async fn declare_catch_all_policy(vhost: &TestVhost) {
+    let mut definition = serde_json::Map::new();
+    definition.insert("delivery-limit".into(), json!(3));
+    raw_api()
+        .declare_policy(&rabbitmq_http_client::requests::PolicyParams {
+            vhost: &vhost.name,
+            name: "everything",
+            pattern: ".*",
+            apply_to: rabbitmq_http_client::commons::PolicyTarget::Queues,
+            priority: 0,
+            definition,
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn the_dead_queue_keeps_a_dead_letter_however_often_it_is_read() {
+    let broker = TestBroker::get();
+    assert_eq!(
+        management().capabilities().await.unwrap(),
+        broker.capabilities(),
+        "the capabilities follow the version the broker reports"
+    );
+    let vhost = TestVhost::created("dead-reads").await;
+    declare_catch_all_policy(&vhost).await;
+    let spec = spec(&vhost.name, "");
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+
+    // The topology of the other major version: on 3.x it is refused (-1 is invalid there);
+    // on 4.x it is accepted, and the default delivery limit drops a dead letter at its
+    // 21st look.
+    let other = if broker.is_4x() {
+        BrokerCapabilities::RABBITMQ_3
+    } else {
+        BrokerCapabilities::RABBITMQ_4
+    };
+    let result = topology::apply(&management(), &Topology::desired(&spec, other).unwrap()).await;
+    if broker.is_4x() {
+        result.expect("apply");
+        assert_eq!(
+            dead_letter_read_and_returned(&vhost, &channel, 25).await,
+            21,
+            "RabbitMQ 4 drops a dead letter at its 21st return unless the policy lifts the limit"
+        );
+    } else {
+        let err = result.unwrap_err().to_string();
+        assert!(err.contains("not a valid delivery limit"), "{err}");
+    }
+
+    let changes = topology::apply(&management(), &desired(&vhost.name, ""))
+        .await
+        .expect("apply");
+    let dead_policy: Vec<String> = changes
+        .iter()
+        .map(ToString::to_string)
+        .filter(|c| c.contains("mailer.mail.send.dead"))
+        .collect();
+    assert_eq!(dead_policy.len(), 1, "{changes:#?}");
+    if broker.is_4x() {
+        assert_eq!(
+            dead_policy[0],
+            "update policy mailer.mail.send.dead: delivery-limit (unset) -> -1"
+        );
+    }
+    assert_eq!(
+        dead_letter_read_and_returned(&vhost, &channel, 30).await,
+        30,
+        "neither the broker's default limit nor the user's catch-all policy applies"
+    );
+    let message = get_within(&channel, "mail.send.dead", Duration::from_secs(2))
+        .await
+        .expect("still there");
+    let count = message
+        .delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get("x-delivery-count").cloned());
+    assert!(
+        matches!(
+            count,
+            Some(AMQPValue::LongLongInt(30)) | Some(AMQPValue::LongInt(30))
+        ),
+        "every read counted as a delivery: {count:?}"
+    );
 }
 
 /// A field of the newest `x-death` entry.

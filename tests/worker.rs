@@ -5,7 +5,7 @@
 pub mod support;
 
 use std::collections::BTreeSet;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use lapin::options::{BasicAckOptions, QueueDeclareOptions};
@@ -15,6 +15,7 @@ use mailer::spec::MailerPipelineSpec;
 use mailer::topology::{self, Topology};
 use serde_json::json;
 use support::broker::{TestVhost, confirming_channel, get_within, management, publish, text};
+use support::process::exit_within;
 use support::smtp::{SmtpServer, closed_port};
 
 /// Applies the default topology with a short retry delay to a fresh vhost.
@@ -25,48 +26,22 @@ async fn pipeline(test: &str) -> TestVhost {
         vhost.name
     ))
     .unwrap();
-    topology::apply(&management(), &Topology::desired(&spec).unwrap())
-        .await
-        .expect("topology");
+    let capabilities = support::broker::TestBroker::get().capabilities();
+    topology::apply(
+        &management(),
+        &Topology::desired(&spec, capabilities).unwrap(),
+    )
+    .await
+    .expect("topology");
     vhost
 }
 
 fn start_worker(vhost: &TestVhost, provider_url: &str, max_attempts: u32) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_mailer"))
-        .arg("worker")
-        .env("MAIL_AMQP_URL", vhost.amqp_url())
-        .env("MAIL_PROVIDER_URL", provider_url)
-        .env("MAIL_MAX_ATTEMPTS", max_attempts.to_string())
-        .env("MAIL_HTTP_ADDR", "127.0.0.1:0")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start mailer worker")
-}
-
-/// Waits for the process to exit, at most `within`.
-fn exit_within(child: &mut Child, within: Duration) -> ExitStatus {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            panic!("the worker did not exit within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    support::process::start_worker(&vhost.amqp_url(), provider_url, max_attempts)
 }
 
 fn terminate(child: &Child) {
-    let status = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status()
-        .expect("kill -TERM");
-    assert!(status.success());
+    support::process::signal(child, "TERM");
 }
 
 fn request(to: &[&str]) -> Vec<u8> {
@@ -160,16 +135,7 @@ async fn ready(channel: &Channel, queue: &str) -> u32 {
 
 /// The Message-IDs of the mails the SMTP server stored.
 fn delivered_ids(smtp: &SmtpServer) -> Vec<String> {
-    smtp.mails()
-        .iter()
-        .filter_map(|mail| {
-            mail.lines().find_map(|line| {
-                let (name, value) = line.split_once(':')?;
-                name.eq_ignore_ascii_case("message-id")
-                    .then(|| value.trim().trim_matches(['<', '>']).to_string())
-            })
-        })
-        .collect()
+    smtp.message_ids()
 }
 
 #[tokio::test]
@@ -298,11 +264,21 @@ async fn every_row_of_the_outcome_table_holds_end_to_end() {
         names,
         BTreeSet::from([
             "traceparent",
+            "x-mail-dead-at",
             "x-mail-dead-attempts",
             "x-mail-dead-error",
             "x-mail-dead-reason"
         ]),
         "the producer's headers survive every retry; the broker's and ours are replaced"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        matches!(gave_up.headers.inner().get("x-mail-dead-at"), Some(AMQPValue::Timestamp(at)) if now.abs_diff(*at) < 120),
+        "the dead letter says when it died: {:?}",
+        gave_up.headers.inner().get("x-mail-dead-at")
     );
     assert_eq!(
         text(gave_up.headers.inner().get("traceparent")).as_deref(),

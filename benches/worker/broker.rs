@@ -57,12 +57,12 @@ impl BenchVhost {
         spec.rabbitmq.vhost = name.clone();
         spec.topology.retry_delay = "1h".into();
         spec.worker.prefetch = PREFETCH;
-        let desired = Topology::desired(&spec)?;
+        let management = Management::new(&ManagementEndpoint::parse(MANAGEMENT_URL)?)?;
+        let desired = Topology::desired(&spec, management.capabilities().await?)?;
         let vhost = Self {
             name,
             topology: spec.topology.clone(),
         };
-        let management = Management::new(&ManagementEndpoint::parse(MANAGEMENT_URL)?)?;
         topology::apply(&management, &desired)
             .await
             .with_context(|| format!("apply the topology in vhost {}", vhost.name))?;

@@ -2,5 +2,6 @@
 
 pub mod controller;
 pub mod crd;
+pub mod dead;
 pub mod topology;
 pub mod worker;

@@ -29,8 +29,12 @@ pub async fn run(
         println!("{note}");
     }
     for pipeline in &manifest.pipelines {
+        pipeline.spec.validate()?;
+    }
+    let capabilities = management.capabilities().await?;
+    for pipeline in &manifest.pipelines {
         let name = display_name(pipeline);
-        let desired = Topology::desired(&pipeline.spec)?;
+        let desired = Topology::desired(&pipeline.spec, capabilities)?;
         let vhost = &desired.vhost;
         match action {
             Action::Plan => {

@@ -45,8 +45,9 @@ pub async fn run(
         );
     };
     let spec = &pipeline.spec;
-    let desired = Topology::desired(spec)?;
+    spec.validate()?;
     let management = Management::new(&ManagementEndpoint::parse(management_url)?)?;
+    let desired = Topology::desired(spec, management.capabilities().await?)?;
     let changes = topology::apply(&management, &desired).await?;
     println!(
         "{} (vhost {:?}): topology {}",

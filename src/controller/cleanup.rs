@@ -18,7 +18,7 @@ use super::reasons::event;
 use super::worker_user::managed_username;
 use crate::spec::{DeletionPolicy, MailerPipeline};
 use crate::topology::live::amqp_url_for;
-use crate::topology::{self, EmptinessCheck, Management, Topology};
+use crate::topology::{self, BrokerCapabilities, EmptinessCheck, Management, Topology};
 
 /// What a cleanup removed, and what it left with why.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -113,7 +113,22 @@ async fn clean_up_rabbitmq(
     }
 
     let policy = spec.topology.deletion_policy;
-    let desired = match Topology::desired(spec) {
+    // Deleting goes by the objects' names, which no capability changes; the broker is
+    // asked for them only when something is to be deleted.
+    let capabilities = match policy {
+        DeletionPolicy::Retain => BrokerCapabilities::RABBITMQ_4,
+        DeletionPolicy::Delete => match management.capabilities().await {
+            Ok(capabilities) => capabilities,
+            Err(e) => {
+                report.not_cleaned_up.push(format!(
+                    "the topology in vhost {:?}: {e}",
+                    spec.rabbitmq.vhost
+                ));
+                return Ok(report);
+            }
+        },
+    };
+    let desired = match Topology::desired(spec, capabilities) {
         Ok(desired) => desired,
         Err(e) => {
             if policy == DeletionPolicy::Delete {

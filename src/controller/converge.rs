@@ -46,13 +46,13 @@ pub async fn converge(
     live_deployment: Option<Deployment>,
 ) -> Result<Converged, Error> {
     pipeline.spec.validate_for_operator()?;
-    let desired_topology = Topology::desired(&pipeline.spec)?;
     let namespace = pipeline
         .namespace()
         .ok_or(Error::IncompleteObject("namespace"))?;
 
     let broker = connection::resolve(client, pipeline).await?;
     let management = Management::new(&broker.endpoint)?;
+    let desired_topology = Topology::desired(&pipeline.spec, management.capabilities().await?)?;
     let topology_changes = topology::apply(&management, &desired_topology).await?;
 
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);

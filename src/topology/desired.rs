@@ -6,12 +6,15 @@
 
 use serde_json::{Map, Value, json};
 
+use super::broker::BrokerCapabilities;
 use crate::spec::{InvalidSpec, MailerPipelineSpec};
 
 /// Policies of ours win over catch-all policies of lower priority an operator may have.
 pub const POLICY_PRIORITY: i16 = 10;
 /// Policy names start with this, so a person can tell which policies the mailer owns.
 pub const POLICY_PREFIX: &str = "mailer.";
+/// A quorum queue's `delivery-limit` that means "no limit" (RabbitMQ 4.0 and later).
+pub const NO_DELIVERY_LIMIT: i64 = -1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExchangeKind {
@@ -68,9 +71,13 @@ pub struct Topology {
 }
 
 impl Topology {
-    /// The topology a spec asks for. The spec is validated first, so a topology is
-    /// never built from names or numbers RabbitMQ would refuse.
-    pub fn desired(spec: &MailerPipelineSpec) -> Result<Self, InvalidSpec> {
+    /// The topology a spec asks for, on a broker with `broker`'s capabilities. The spec is
+    /// validated first, so a topology is never built from names or numbers RabbitMQ
+    /// would refuse.
+    pub fn desired(
+        spec: &MailerPipelineSpec,
+        broker: BrokerCapabilities,
+    ) -> Result<Self, InvalidSpec> {
         spec.validate()?;
         let t = &spec.topology;
         let ttl_ms = t
@@ -137,16 +144,11 @@ impl Topology {
             "dead-letter-strategy": "at-least-once",
             "overflow": "reject-publish",
         });
-        let mut policies = vec![
+        let policies = vec![
             policy_for(&t.queue, send),
             policy_for(&t.retry_queue, retry),
+            policy_for(&t.dead_queue, dead_queue_policy(spec, broker)),
         ];
-        if let Some(max) = t.dead_queue_max_length {
-            policies.push(policy_for(
-                &t.dead_queue,
-                json!({"max-length": max, "overflow": "reject-publish"}),
-            ));
-        }
 
         Ok(Self {
             vhost: spec.rabbitmq.vhost.clone(),
@@ -156,6 +158,30 @@ impl Topology {
             policies,
         })
     }
+}
+
+/// The dead queue's policy. Reading a dead letter (`mailer dead list`, the management
+/// UI's "get messages") delivers it and returns it, which counts as a delivery, so on
+/// RabbitMQ 4.x, whose quorum queues have a default delivery limit of 20, the policy lifts
+/// the limit, or every dead letter would be dropped at its 21st look. RabbitMQ 3.x has no
+/// default limit and refuses -1, so there the policy says nothing about it.
+///
+/// The policy is there on every broker, even with nothing else to say, because RabbitMQ
+/// applies one policy per queue, the matching one of highest priority: a catch-all policy
+/// of a user with a lower priority than ours (a `max-length` that drops the oldest, a
+/// `message-ttl`, a delivery limit) never applies to dead letters. `overflow:
+/// reject-publish` keeps a length limit, ours or an operator policy's, from dropping the
+/// oldest dead letter: the worker's dead-letter publish is refused instead, and the request
+/// stays in the send queue.
+fn dead_queue_policy(spec: &MailerPipelineSpec, broker: BrokerCapabilities) -> Value {
+    let mut dead = json!({"overflow": "reject-publish"});
+    if broker.default_delivery_limit {
+        dead["delivery-limit"] = json!(NO_DELIVERY_LIMIT);
+    }
+    if let Some(max) = spec.topology.dead_queue_max_length {
+        dead["max-length"] = json!(max);
+    }
+    dead
 }
 
 fn policy_for(queue: &str, definition: Value) -> Policy {
@@ -197,7 +223,11 @@ mod tests {
     use super::*;
 
     fn topology(yaml: &str) -> Topology {
-        Topology::desired(&serde_yaml::from_str(yaml).unwrap()).unwrap()
+        Topology::desired(
+            &serde_yaml::from_str(yaml).unwrap(),
+            BrokerCapabilities::RABBITMQ_3,
+        )
+        .unwrap()
     }
 
     #[test]
@@ -238,7 +268,7 @@ mod tests {
                 ("mail.dead", "mail.send.dead", "")
             ]
         );
-        assert_eq!(t.policies.len(), 2);
+        assert_eq!(t.policies.len(), 3);
         assert_eq!(t.policies[0].name, "mailer.mail.send");
         assert_eq!(t.policies[0].pattern, r"^mail\.send$");
         assert_eq!(
@@ -250,6 +280,32 @@ mod tests {
         assert_eq!(
             Value::Object(t.policies[1].definition.clone()),
             json!({"message-ttl": 300000, "dead-letter-exchange": "mail", "dead-letter-routing-key": "mail.send", "dead-letter-strategy": "at-least-once", "overflow": "reject-publish"})
+        );
+        assert_eq!(t.policies[2].name, "mailer.mail.send.dead");
+        assert_eq!(t.policies[2].pattern, r"^mail\.send\.dead$");
+        assert_eq!(
+            Value::Object(t.policies[2].definition.clone()),
+            json!({"overflow": "reject-publish"})
+        );
+    }
+
+    #[test]
+    fn on_rabbitmq_4_the_dead_queue_has_no_delivery_limit() {
+        let spec = serde_yaml::from_str("topology: {deadQueueMaxLength: 50}").unwrap();
+        let on_4 = Topology::desired(&spec, BrokerCapabilities::RABBITMQ_4).unwrap();
+        assert_eq!(
+            Value::Object(on_4.policies[2].definition.clone()),
+            json!({"delivery-limit": -1, "max-length": 50, "overflow": "reject-publish"})
+        );
+        let on_3 = Topology::desired(&spec, BrokerCapabilities::RABBITMQ_3).unwrap();
+        assert_eq!(
+            Value::Object(on_3.policies[2].definition.clone()),
+            json!({"max-length": 50, "overflow": "reject-publish"})
+        );
+        assert_eq!(
+            on_3.policies[..2],
+            on_4.policies[..2],
+            "only the dead queue's policy depends on the version"
         );
     }
 
@@ -293,7 +349,7 @@ mod tests {
     #[test]
     fn an_invalid_spec_gives_no_topology() {
         let spec = serde_yaml::from_str("topology: {retryDelay: banana}").unwrap();
-        assert!(Topology::desired(&spec).is_err());
+        assert!(Topology::desired(&spec, BrokerCapabilities::RABBITMQ_4).is_err());
     }
 
     #[test]

@@ -287,7 +287,11 @@ mod tests {
     use crate::spec::MailerPipelineSpec;
 
     fn desired() -> Topology {
-        Topology::desired(&MailerPipelineSpec::default()).unwrap()
+        Topology::desired(
+            &MailerPipelineSpec::default(),
+            crate::topology::BrokerCapabilities::RABBITMQ_3,
+        )
+        .unwrap()
     }
 
     /// What RabbitMQ reports right after the desired topology was applied.
@@ -338,7 +342,7 @@ mod tests {
     fn an_empty_broker_needs_everything_in_dependency_order() {
         let changes = plan(&desired(), &Observed::default()).unwrap();
         let text: Vec<String> = changes.iter().map(ToString::to_string).collect();
-        assert_eq!(text.len(), 1 + 3 + 3 + 3 + 2, "{text:#?}");
+        assert_eq!(text.len(), 1 + 3 + 3 + 3 + 3, "{text:#?}");
         assert_eq!(text[0], r#"create vhost "/""#);
         assert_eq!(text[1], "create exchange mail (direct)");
         assert_eq!(text[4], "create queue mail.send (quorum)");

@@ -1,7 +1,8 @@
 //! The RabbitMQ side of a pipeline: the desired objects as a pure function of the spec
-//! ([`desired`]), the comparison with what the broker has ([`diff`]), and applying or
+//! and the broker's capabilities ([`desired`], [`broker`]), the comparison with what the broker has ([`diff`]), and applying or
 //! deleting through the management API ([`reconcile`]).
 
+pub mod broker;
 pub mod desired;
 pub mod diff;
 pub mod live;
@@ -9,6 +10,7 @@ pub mod management;
 pub mod reconcile;
 pub mod users;
 
+pub use broker::BrokerCapabilities;
 pub use desired::Topology;
 pub use diff::{Change, Conflict};
 pub use management::{Management, ManagementEndpoint, QueueDepth};

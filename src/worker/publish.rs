@@ -7,8 +7,8 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel};
 
 use crate::mail::{
-    self, ATTEMPT_HEADER, DEAD_ATTEMPTS_HEADER, DEAD_ERROR_HEADER, DEAD_REASON_HEADER, DeadReason,
-    MAIL_HEADER_PREFIX,
+    self, ATTEMPT_HEADER, DEAD_AT_HEADER, DEAD_ATTEMPTS_HEADER, DEAD_ERROR_HEADER,
+    DEAD_REASON_HEADER, DeadReason, MAIL_HEADER_PREFIX, REPLAYS_HEADER,
 };
 
 /// AMQP's persistent delivery mode.
@@ -97,6 +97,7 @@ impl Publisher {
                 DEAD_ERROR_HEADER,
                 AMQPValue::LongString(LongString::from(cut(error, mail::MAX_DEAD_ERROR_BYTES))),
             ),
+            (DEAD_AT_HEADER, AMQPValue::Timestamp(unix_now())),
         ];
         self.publish(
             &self.dead_exchange,
@@ -112,46 +113,58 @@ impl Publisher {
         properties: BasicProperties,
         body: &[u8],
     ) -> Result<(), PublishError> {
-        let failed = |source| PublishError::Channel {
-            exchange: exchange.to_string(),
-            source,
-        };
-        let options = BasicPublishOptions {
-            mandatory: true,
-            immediate: false,
-        };
-        let confirm = self
-            .channel
-            .basic_publish(
-                exchange.into(),
-                self.routing_key.as_str().into(),
-                options,
-                body,
-                properties,
-            )
-            .await
-            .map_err(failed)?;
-        let confirmation = confirm.await.map_err(failed)?;
-        if !confirmation.is_ack() {
-            return Err(PublishError::Nacked {
-                exchange: exchange.to_string(),
-            });
-        }
-        // A returned message is acked too: the broker dropped it, so it did not take.
-        if confirmation.take_message().is_some() {
-            return Err(PublishError::Unroutable {
-                exchange: exchange.to_string(),
-            });
-        }
-        Ok(())
+        publish_confirmed(&self.channel, exchange, &self.routing_key, properties, body).await
     }
 }
 
+/// Publishes with the mandatory flag on `channel`, which must be in confirm mode, and
+/// returns once the broker confirmed that a queue took it.
+pub async fn publish_confirmed(
+    channel: &Channel,
+    exchange: &str,
+    routing_key: &str,
+    properties: BasicProperties,
+    body: &[u8],
+) -> Result<(), PublishError> {
+    let failed = |source| PublishError::Channel {
+        exchange: exchange.to_string(),
+        source,
+    };
+    let options = BasicPublishOptions {
+        mandatory: true,
+        immediate: false,
+    };
+    let confirm = channel
+        .basic_publish(
+            exchange.into(),
+            routing_key.into(),
+            options,
+            body,
+            properties,
+        )
+        .await
+        .map_err(failed)?;
+    let confirmation = confirm.await.map_err(failed)?;
+    if !confirmation.is_ack() {
+        return Err(PublishError::Nacked {
+            exchange: exchange.to_string(),
+        });
+    }
+    // A returned message is acked too: the broker dropped it, so it did not take.
+    if confirmation.take_message().is_some() {
+        return Err(PublishError::Unroutable {
+            exchange: exchange.to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// Whether a header is the broker's (dead-lettering, delivery counting) or ours, and so
-/// is not carried over to a republished request.
+/// is not carried over to a republished request. How often a request was replayed stays
+/// with it for good.
 fn is_stripped(name: &str) -> bool {
-    name.starts_with(MAIL_HEADER_PREFIX)
-        || name == "x-death"
+    (name.starts_with(MAIL_HEADER_PREFIX) && name != REPLAYS_HEADER)
+        || name == mail::DEATH_HEADER
         || name.starts_with("x-first-death-")
         || name.starts_with("x-last-death-")
         || name == "x-delivery-count"
@@ -207,6 +220,13 @@ pub fn republished(
     properties
 }
 
+/// Now, in whole seconds since the Unix epoch, as AMQP timestamps count.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// `text` cut to at most `max` bytes, on a character boundary.
 fn cut(text: &str, max: usize) -> &str {
     if text.len() <= max {
@@ -234,6 +254,7 @@ mod tests {
             ("x-acquired-count", "3"),
             ("x-mail-attempt", "2"),
             ("x-mail-dead-reason", "gave-up"),
+            ("x-mail-replays", "2"),
         ] {
             headers.insert(name.into(), AMQPValue::LongString(value.into()));
         }
@@ -290,7 +311,7 @@ mod tests {
         );
         let headers = p.headers().clone().unwrap();
         let names: Vec<&str> = headers.inner().keys().map(|k| k.as_str()).collect();
-        assert_eq!(names, ["traceparent", "x-mail-attempt"]);
+        assert_eq!(names, ["traceparent", "x-mail-attempt", "x-mail-replays"]);
         assert_eq!(headers.inner()["x-mail-attempt"], AMQPValue::LongLongInt(3));
     }
 

@@ -49,21 +49,5 @@ impl Drop for UserCleanup {
     }
 }
 
-/// Polls `check` every 100 ms until it returns `Some`, or panics after `seconds`.
-pub async fn eventually<T, F, Fut>(seconds: u64, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(seconds);
-    loop {
-        if let Some(found) = check().await {
-            return found;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {seconds}s waiting for {what}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-}
+/// Polls `check` until it returns `Some`, or panics after `seconds`.
+pub use crate::support::process::eventually;

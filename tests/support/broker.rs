@@ -52,6 +52,15 @@ impl TestBroker {
         !self.version.starts_with("3.")
     }
 
+    /// The capabilities the desired topology is built for on this broker.
+    pub fn capabilities(&self) -> mailer::topology::BrokerCapabilities {
+        if self.is_4x() {
+            mailer::topology::BrokerCapabilities::RABBITMQ_4
+        } else {
+            mailer::topology::BrokerCapabilities::RABBITMQ_3
+        }
+    }
+
     /// Fails loudly when the broker on the ports is not the version asked for.
     fn check_version(&self) {
         let api = format!("http://127.0.0.1:{}/api", self.management_port);

@@ -2,4 +2,5 @@
 
 pub mod broker;
 pub mod metrics;
+pub mod process;
 pub mod smtp;

@@ -121,6 +121,20 @@ impl SmtpServer {
         numbered.into_iter().map(|(_, text)| text).collect()
     }
 
+    /// The Message-IDs of the stored mails, in the order they arrived.
+    pub fn message_ids(&self) -> Vec<String> {
+        self.mails()
+            .iter()
+            .filter_map(|mail| {
+                mail.lines().find_map(|line| {
+                    let (name, value) = line.split_once(':')?;
+                    name.eq_ignore_ascii_case("message-id")
+                        .then(|| value.trim().trim_matches(['<', '>']).to_string())
+                })
+            })
+            .collect()
+    }
+
     /// How many SMTP sessions (EHLO or HELO) the server has seen.
     pub fn sessions(&self) -> usize {
         std::fs::read_to_string(self.mail_dir.0.join("sessions.log"))
