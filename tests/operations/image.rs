@@ -12,7 +12,7 @@ use mailer::topology::{self, Topology};
 use serde_json::Value;
 
 use crate::root;
-use crate::support::broker::{TestVhost, management};
+use crate::support::broker::{TestBroker, TestVhost, management};
 
 /// The user and group the image runs as (the Dockerfile's `USER`).
 const IMAGE_UID: u32 = 65532;
@@ -161,9 +161,12 @@ async fn the_image_runs_as_65532_and_its_worker_delivers_a_mail_from_the_real_br
     let vhost = TestVhost::fresh("image");
     let spec: MailerPipelineSpec =
         serde_yaml::from_str(&format!("rabbitmq: {{vhost: {}}}", vhost.name)).unwrap();
-    topology::apply(&management(), &Topology::desired(&spec).unwrap())
-        .await
-        .expect("topology");
+    topology::apply(
+        &management(),
+        &Topology::desired(&spec, TestBroker::get().capabilities()).unwrap(),
+    )
+    .await
+    .expect("topology");
     let amqp_url = vhost.amqp_url();
     let sent = container
         .command(

@@ -100,9 +100,19 @@ fn the_runbook_names_every_event_metric_and_dead_letter_reason() {
         mailer::mail::DEAD_REASON_HEADER,
         mailer::mail::DEAD_ATTEMPTS_HEADER,
         mailer::mail::DEAD_ERROR_HEADER,
+        mailer::mail::DEAD_AT_HEADER,
+        mailer::mail::REPLAYS_HEADER,
+        mailer::mail::DEATH_HEADER,
     ] {
         assert!(text.contains(&format!("| `{header}` |")), "{header}");
     }
-    // `mailer dead` is announced, not documented as if it existed.
-    assert!(text.contains("**Coming: `mailer dead`.**"));
+    // Every `mailer dead` subcommand is shown, and the guide it links to exists.
+    for subcommand in ["stats", "list", "show", "replay", "purge"] {
+        assert!(
+            text.contains(&format!("mailer dead {subcommand}")),
+            "mailer dead {subcommand}"
+        );
+    }
+    assert!(text.contains("(dead-letters.md)"));
+    assert!(crate::root().join("docs/dead-letters.md").exists());
 }
