@@ -25,6 +25,7 @@ pub mod report;
 pub mod resolve;
 pub mod ssa;
 pub mod status;
+pub mod unreadable;
 pub mod validate;
 pub mod watch;
 pub mod worker_user;

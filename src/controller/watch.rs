@@ -8,6 +8,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
+use kube::core::DeserializeGuard;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -16,7 +17,7 @@ use tokio::sync::watch as signal;
 
 use super::context::Context;
 use super::meta::managed_by_selector;
-use super::reconcile::{error_policy, reconcile};
+use super::reconcile::{error_policy, reconcile_guarded};
 use super::references::reads_secret;
 use crate::spec::MailerPipeline;
 use crate::telemetry::Health;
@@ -47,7 +48,7 @@ pub async fn run_controllers(
         let shutdown = shutdown_signal(stop.clone(), lost.clone());
         let stream = controller
             .graceful_shutdown_on(shutdown)
-            .run(reconcile, error_policy, ctx.clone())
+            .run(reconcile_guarded, error_policy, ctx.clone())
             .for_each(|result| async move {
                 if let Err(e) = result {
                     tracing::debug!(error = %e, "controller event");
@@ -74,7 +75,10 @@ pub async fn run_controllers(
     }
 }
 
-fn controller_for(client: &Client, namespace: Option<&str>) -> Controller<MailerPipeline> {
+fn controller_for(
+    client: &Client,
+    namespace: Option<&str>,
+) -> Controller<DeserializeGuard<MailerPipeline>> {
     fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
     where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
@@ -86,7 +90,7 @@ fn controller_for(client: &Client, namespace: Option<&str>) -> Controller<Mailer
     }
     let owned = watcher::Config::default().labels(&managed_by_selector());
     let controller = Controller::new(
-        api::<MailerPipeline>(client, namespace),
+        api::<DeserializeGuard<MailerPipeline>>(client, namespace),
         watcher::Config::default(),
     );
     let pipelines = controller.store();
@@ -101,15 +105,18 @@ fn controller_for(client: &Client, namespace: Option<&str>) -> Controller<Mailer
 }
 
 fn pipelines_naming(
-    pipelines: &Store<MailerPipeline>,
+    pipelines: &Store<DeserializeGuard<MailerPipeline>>,
     secret: &Secret,
-) -> Vec<ObjectRef<MailerPipeline>> {
+) -> Vec<ObjectRef<DeserializeGuard<MailerPipeline>>> {
     let namespace = secret.namespace().unwrap_or_default();
     let name = secret.name_any();
     pipelines
         .state()
         .iter()
-        .filter(|p| reads_secret(p, &namespace, &name))
+        .filter(|p| {
+            p.0.as_ref()
+                .is_ok_and(|p| reads_secret(p, &namespace, &name))
+        })
         .map(|p| ObjectRef::from_obj(p.as_ref()))
         .collect()
 }
