@@ -20,6 +20,8 @@ pub mod fake_api;
 mod flow;
 #[path = "controller/harness.rs"]
 mod harness;
+#[path = "controller/leadership.rs"]
+mod leadership;
 #[path = "controller/phases.rs"]
 mod phases;
 #[path = "controller/process.rs"]

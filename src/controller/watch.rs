@@ -9,16 +9,18 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::core::DeserializeGuard;
-use kube::runtime::controller::Controller;
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use tokio::sync::watch as signal;
 
 use super::context::Context;
+use super::error::Error;
 use super::meta::managed_by_selector;
 use super::reconcile::{error_policy, reconcile_guarded};
 use super::references::reads_secret;
+use super::signalled;
 use crate::spec::MailerPipeline;
 use crate::telemetry::Health;
 
@@ -26,14 +28,16 @@ use crate::telemetry::Health;
 const HEARTBEAT: Duration = Duration::from_secs(10);
 
 /// Runs one controller per namespace (one for all when `namespaces` is empty) until
-/// `stop` or `lost` turns true; reconciles in flight then finish.
+/// `stop` or `abort` turns true. After `stop` no reconcile starts and those in flight
+/// finish; `abort` drops those in flight at once (the Lease was lost, or they outlived
+/// the drain after `stop`), so none of them writes anything more.
 pub async fn run_controllers(
     client: Client,
     namespaces: &[String],
     ctx: Arc<Context>,
     health: &Health,
     stop: signal::Receiver<bool>,
-    lost: signal::Receiver<bool>,
+    abort: signal::Receiver<bool>,
 ) {
     let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
         vec![None]
@@ -45,10 +49,15 @@ pub async fn run_controllers(
     for scope in scopes {
         let controller = controller_for(&client, scope);
         stores.push(controller.store());
-        let shutdown = shutdown_signal(stop.clone(), lost.clone());
+        let shutdown = shutdown_signal(stop.clone(), abort.clone());
+        let aborted = abort.clone();
         let stream = controller
             .graceful_shutdown_on(shutdown)
-            .run(reconcile_guarded, error_policy, ctx.clone())
+            .run(
+                move |pipeline, ctx| abortable(reconcile_guarded(pipeline, ctx), aborted.clone()),
+                error_policy,
+                ctx.clone(),
+            )
             .for_each(|result| async move {
                 if let Err(e) = result {
                     tracing::debug!(error = %e, "controller event");
@@ -121,9 +130,22 @@ fn pipelines_naming(
         .collect()
 }
 
-async fn shutdown_signal(mut stop: signal::Receiver<bool>, mut lost: signal::Receiver<bool>) {
+async fn shutdown_signal(mut stop: signal::Receiver<bool>, mut abort: signal::Receiver<bool>) {
     tokio::select! {
-        _ = stop.wait_for(|stopped| *stopped) => {}
-        _ = lost.wait_for(|lost| *lost) => {}
+        () = signalled(&mut stop) => {}
+        () = signalled(&mut abort) => {}
+    }
+}
+
+/// `reconcile`, dropped (with whatever request it has in flight) the moment `abort`
+/// turns true; one that starts after it does nothing.
+async fn abortable(
+    reconcile: impl Future<Output = Result<Action, Error>>,
+    mut abort: signal::Receiver<bool>,
+) -> Result<Action, Error> {
+    tokio::select! {
+        biased;
+        () = signalled(&mut abort) => Ok(Action::await_change()),
+        result = reconcile => result,
     }
 }

@@ -21,6 +21,7 @@
 pub mod address;
 #[cfg(test)]
 mod conformance;
+pub mod faults;
 pub mod patch;
 pub mod selector;
 pub mod store;
@@ -52,7 +53,11 @@ pub struct Recorded {
     pub query: String,
     pub content_type: String,
     pub accept: String,
+    /// The bearer token it came with: which client (e.g. which replica) sent it.
+    pub token: String,
     pub body: Value,
+    /// When the request arrived.
+    pub at: std::time::Instant,
 }
 
 impl Recorded {
@@ -74,6 +79,7 @@ struct Shared {
     state: Mutex<State>,
     /// The newest resourceVersion, for watches to wait on.
     changed: tokio::sync::watch::Sender<u64>,
+    faults: faults::Faults,
 }
 
 /// The fake server's state, shared with whatever answers the clients.
@@ -91,6 +97,7 @@ impl Default for FakeApi {
                     requests: Vec::new(),
                 }),
                 changed: tokio::sync::watch::channel(0).0,
+                faults: faults::Faults::default(),
             }),
         }
     }
@@ -143,6 +150,10 @@ impl FakeApi {
             newer
         });
         result
+    }
+
+    fn faults(&self) -> &faults::Faults {
+        &self.shared.faults
     }
 
     fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
@@ -202,9 +213,14 @@ impl FakeApi {
             query: parts.uri.query().unwrap_or_default().to_string(),
             content_type: header("content-type"),
             accept: header("accept"),
+            token: header("authorization")
+                .trim_start_matches("Bearer ")
+                .to_string(),
             body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            at: std::time::Instant::now(),
         };
         self.lock().requests.push(recorded.clone());
+        self.wait_while_stalled(&recorded.path).await;
         match self.answer(&recorded) {
             Ok(Answer::Object(code, object)) => json_response(code, &object),
             Ok(Answer::Watch(request)) => Response::builder()
