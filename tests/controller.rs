@@ -28,6 +28,8 @@ mod phases;
 mod process;
 #[path = "controller/running.rs"]
 mod running;
+#[path = "controller/status.rs"]
+mod status;
 #[path = "controller/worker_pod.rs"]
 mod worker_pod;
 

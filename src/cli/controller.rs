@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 
+use crate::controller::context::QUEUE_DEPTH_INTERVAL;
 use crate::controller::{LeaderOptions, Options, Settings};
 
 /// Where the release images are published; the chart, `deploy/operator.yaml` and the
@@ -112,6 +113,7 @@ impl ControllerArgs {
             settings: Settings {
                 worker_image: self.worker_image,
                 resync_interval: self.resync_interval,
+                queue_depth_interval: QUEUE_DEPTH_INTERVAL,
             },
             metrics_addr: self.metrics_addr,
             leader,
