@@ -16,6 +16,8 @@ mod e2e;
 mod failures;
 #[path = "controller/fake_api/mod.rs"]
 pub mod fake_api;
+#[path = "controller/fake_api/conformance.rs"]
+mod fake_api_conformance;
 #[path = "controller/flow.rs"]
 mod flow;
 #[path = "controller/harness.rs"]

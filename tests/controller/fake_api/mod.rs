@@ -19,8 +19,6 @@
 //! Each concern is a file of its own, so tests can add one (e.g. a fault) beside them.
 
 pub mod address;
-#[cfg(test)]
-mod conformance;
 pub mod faults;
 pub mod patch;
 pub mod selector;
