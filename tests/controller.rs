@@ -10,6 +10,8 @@ pub mod support;
 
 #[path = "controller/broker.rs"]
 mod broker;
+#[path = "controller/deletion.rs"]
+mod deletion;
 #[path = "controller/e2e.rs"]
 mod e2e;
 #[path = "controller/failures.rs"]

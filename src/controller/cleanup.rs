@@ -1,12 +1,19 @@
 //! What deleting a pipeline does: remove the worker's RabbitMQ user (when the operator
 //! made it) and what `deletionPolicy` allows of the topology, then let the pipeline go.
 //!
-//! Deletion always completes: when the broker, a Secret, the vhost or the RabbitmqCluster
-//! is already gone, what could not be cleaned up is said in an event and the finalizer
-//! is removed anyway, so nothing hangs in Terminating. Only a failing Kubernetes API
-//! holds it, since the finalizer could not be removed then either. The worker
+//! A failure that may pass (the broker briefly unreachable, the RabbitmqCluster's
+//! Service not there yet) is retried with the usual backoff until `cleanup_deadline`
+//! (10 minutes) after the pipeline's `deletionTimestamp`; so a short broker outage
+//! leaves neither the worker user nor the queues behind. Past that deadline, or at once
+//! for what cannot pass by itself (a Secret that is gone, credentials refused), deletion
+//! completes anyway: what could not be cleaned up is said in an event and the finalizer
+//! is removed, so nothing hangs in Terminating. A vhost that is gone is a clean deletion. The worker
 //! Deployment and Secret go with the pipeline through their owner references.
 
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -31,7 +38,16 @@ pub struct CleanupReport {
 }
 
 pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action, Error> {
-    let report = clean_up_rabbitmq(pipeline, ctx).await?;
+    let (report, transient) = clean_up_rabbitmq(pipeline, ctx).await?;
+    let deadline = ctx.settings.cleanup_deadline;
+    let gave_up = match transient {
+        Some(error) if within(pipeline, deadline) => {
+            tracing::warn!(error = %error, "cleanup failed for now: retrying until the cleanup deadline");
+            return Err(error);
+        }
+        Some(_) => true,
+        None => false,
+    };
     let regarding = pipeline.object_ref(&());
     let mut note = Vec::new();
     if !report.removed.is_empty() {
@@ -54,6 +70,12 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
             "NOT cleaned up (remove by hand if unwanted): {}",
             report.not_cleaned_up.join("; ")
         ));
+        if gave_up {
+            note.push(format!(
+                "gave up {} after the deletion (--cleanup-deadline)",
+                humantime::format_duration(deadline)
+            ));
+        }
         ctx.publish(
             &regarding,
             EventType::Warning,
@@ -69,12 +91,37 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
     Ok(Action::await_change())
 }
 
-/// Removes what may be removed; fails only when the Kubernetes API does.
+/// Whether `pipeline` was marked for deletion less than `deadline` ago.
+fn within(pipeline: &MailerPipeline, deadline: Duration) -> bool {
+    let Some(Time(deleted)) = &pipeline.metadata.deletion_timestamp else {
+        return false;
+    };
+    let elapsed = Timestamp::now().duration_since(*deleted).as_secs_f64();
+    elapsed < deadline.as_secs_f64()
+}
+
+/// Removes what may be removed; fails only when the Kubernetes API does. The error
+/// beside the report is the first failure that may pass by itself, if any.
 async fn clean_up_rabbitmq(
     pipeline: &MailerPipeline,
     ctx: &Context,
+) -> Result<(CleanupReport, Option<Error>), Error> {
+    let mut transient: Option<Error> = None;
+    let report = remove_from_rabbitmq(pipeline, ctx, &mut transient).await?;
+    Ok((report, transient))
+}
+
+async fn remove_from_rabbitmq(
+    pipeline: &MailerPipeline,
+    ctx: &Context,
+    transient: &mut Option<Error>,
 ) -> Result<CleanupReport, Error> {
     let mut report = CleanupReport::default();
+    let mut note_transient = |error: Error| {
+        if error.is_transient() && transient.is_none() {
+            *transient = Some(error);
+        }
+    };
     let spec = &pipeline.spec;
     let managed_user = spec
         .worker
@@ -88,6 +135,7 @@ async fn clean_up_rabbitmq(
             report.not_cleaned_up.push(format!(
                 "everything in RabbitMQ, since the broker could not be found: {e}"
             ));
+            note_transient(e);
             return Ok(report);
         }
     };
@@ -107,7 +155,10 @@ async fn clean_up_rabbitmq(
         match management.delete_user(user).await {
             Ok(true) => report.removed.push(format!("user {user}")),
             Ok(false) => {}
-            Err(e) => report.not_cleaned_up.push(format!("user {user}: {e}")),
+            Err(e) => {
+                report.not_cleaned_up.push(format!("user {user}: {e}"));
+                note_transient(e.into());
+            }
         }
     }
 
@@ -123,6 +174,7 @@ async fn clean_up_rabbitmq(
                     "the topology in vhost {:?}: {e}",
                     spec.rabbitmq.vhost
                 ));
+                note_transient(e.into());
                 return Ok(report);
             }
         },
@@ -161,9 +213,12 @@ async fn clean_up_rabbitmq(
                 }
             }
         }
-        Err(e) => report
-            .not_cleaned_up
-            .push(format!("the topology in vhost {:?}: {e}", desired.vhost)),
+        Err(e) => {
+            report
+                .not_cleaned_up
+                .push(format!("the topology in vhost {:?}: {e}", desired.vhost));
+            note_transient(e.into());
+        }
     }
     Ok(report)
 }

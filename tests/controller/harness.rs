@@ -37,6 +37,15 @@ pub struct Harness {
 }
 
 pub fn harness() -> Harness {
+    harness_with(CLEANUP_DEADLINE)
+}
+
+/// The cleanup deadline of [`harness`]: the operator's default.
+pub const CLEANUP_DEADLINE: Duration = Duration::from_secs(600);
+
+/// A harness whose operator retries a failed cleanup for `cleanup_deadline` after the
+/// deletion (zero: never).
+pub fn harness_with(cleanup_deadline: Duration) -> Harness {
     let fake = FakeApi::default();
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
@@ -45,6 +54,7 @@ pub fn harness() -> Harness {
         resync_interval: RESYNC,
         // Every reconcile reads them, so a test sees a new depth at once.
         queue_depth_interval: Duration::ZERO,
+        cleanup_deadline,
     };
     let ctx = Arc::new(Context::new(
         fake.client(),
