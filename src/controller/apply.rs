@@ -40,6 +40,14 @@ pub async fn apply(
 ) -> Result<Applied, Error> {
     let namespace = &valid.namespace;
     let management = &valid.broker.management;
+    let vhost = &desired.topology.vhost;
+    let mut user_changes = Vec::new();
+    if management.ensure_own_grant(vhost).await? {
+        user_changes.push(UserChange::SetPermissions {
+            user: management.endpoint().username.clone(),
+            vhost: vhost.clone(),
+        });
+    }
     let topology_changes = topology::apply(management, &desired.topology).await?;
 
     let mut reapplied_objects = Vec::new();
@@ -54,7 +62,6 @@ pub async fn apply(
     }
 
     let credentials = &valid.credentials;
-    let mut user_changes = Vec::new();
     if let Some(permissions) = &desired.permissions {
         let grant = UserGrant {
             username: &credentials.username,
@@ -62,7 +69,7 @@ pub async fn apply(
             vhost: &desired.topology.vhost,
             permissions,
         };
-        user_changes = management.ensure_user(&grant).await?;
+        user_changes.extend(management.ensure_user(&grant).await?);
     }
     if let Some(replaced) = &desired.replaced_user
         && management.delete_user(replaced).await?

@@ -164,6 +164,32 @@ impl Management {
         Ok(changes)
     }
 
+    /// Grants the operator's own user (this client's) full permissions on `vhost` when
+    /// the vhost exists and the user has none there: the grant made when the vhost was
+    /// created may have failed, and is re-checked on every pass. Permissions someone
+    /// set on purpose are left as they are. Returns whether it granted them; `false`
+    /// too when the user may not read permissions (it is not an administrator).
+    pub async fn ensure_own_grant(&self, vhost: &str) -> Result<bool, TopologyError> {
+        let user = self.endpoint().username.clone();
+        match self.api.get_permissions(vhost, &user).await {
+            Ok(_) => return Ok(false),
+            Err(e) if e.is_forbidden() => return Ok(false),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(self.error(&format!("read the permissions of {user:?}"), e)),
+        }
+        match self.api.get_vhost(vhost).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => return Ok(false),
+            Err(e) => return Err(self.error(&format!("read vhost {vhost:?}"), e)),
+        }
+        self.count_write();
+        self.api
+            .grant_full_permissions(&user, vhost)
+            .await
+            .map_err(|e| self.error(&format!("grant {user:?} permissions on {vhost:?}"), e))?;
+        Ok(true)
+    }
+
     /// Removes a user; `false` when there was none.
     pub async fn delete_user(&self, username: &str) -> Result<bool, TopologyError> {
         match self.api.get_user(username).await {

@@ -110,3 +110,37 @@ async fn a_new_password_reaches_rabbitmq_only_once_saved_in_its_secret() {
         .unwrap();
     assert!(String::from_utf8(url).unwrap().contains(&second));
 }
+
+/// The operator's own permissions on the pipeline's vhost are checked on every pass:
+/// when they are missing (the grant after creating the vhost failed, or someone removed
+/// it), they are granted again.
+#[tokio::test]
+async fn the_operators_own_grant_is_rechecked_every_pass() {
+    let h = harness();
+    let name = unique("shop");
+    let vhost = TestVhost::fresh("controller-grant");
+    let _users = UserCleanup(vec![format!("mailer-worker.{NS}.{name}")]);
+    connection_secret(&h, &secret_uri());
+    let spec = json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}}});
+    h.seed_pipeline(&name, spec, true);
+    h.reconcile(&name).await.0.unwrap();
+    let admin = raw_api();
+    admin
+        .clear_permissions(&vhost.name, "guest", false)
+        .await
+        .expect("the operator's grant was there");
+
+    let (result, requests) = h.reconcile(&name).await;
+    result.unwrap();
+    admin
+        .get_permissions(&vhost.name, "guest")
+        .await
+        .expect("the grant is back");
+    let published = events(&requests);
+    assert!(
+        published
+            .iter()
+            .any(|e| e.2.contains("set the permissions of user \"guest\"")),
+        "{published:?}"
+    );
+}
