@@ -14,7 +14,9 @@ use super::error::Error;
 use super::resolve::Resolved;
 use super::ssa::apply_if_changed;
 use super::validate::Validated;
-use crate::topology::{self, Change, UserChange, UserGrant};
+use crate::spec::DeletionPolicy;
+use crate::topology::live::amqp_url_for;
+use crate::topology::{self, Change, EmptinessCheck, Topology, UserChange, UserGrant};
 
 /// What applying changed.
 #[derive(Debug)]
@@ -30,6 +32,8 @@ pub struct Applied {
     pub deployment: Option<Deployment>,
     /// Writing requests made to RabbitMQ's management API: 0 when it was in sync.
     pub rabbitmq_writes: usize,
+    /// What was done in, or kept of, the vhost the pipeline left.
+    pub left_behind: Vec<String>,
 }
 
 pub async fn apply(
@@ -42,6 +46,7 @@ pub async fn apply(
     let management = &valid.broker.management;
     let vhost = &desired.topology.vhost;
     let mut user_changes = Vec::new();
+    let mut left_behind = Vec::new();
     if management.ensure_own_grant(vhost).await? {
         user_changes.push(UserChange::SetPermissions {
             user: management.endpoint().username.clone(),
@@ -91,13 +96,65 @@ pub async fn apply(
     {
         reapplied_objects.push(format!("Deployment {name}"));
     }
+    if let Some(previous) = &desired.previous_topology {
+        leave_vhost(valid, previous, &mut user_changes, &mut left_behind).await?;
+    }
     Ok(Applied {
+        left_behind,
         topology_changes,
         user_changes,
         reapplied_objects,
         deployment: applied.or_else(|| resolved.deployment.clone()),
         rabbitmq_writes: management.writes(),
     })
+}
+
+/// After a change of `spec.rabbitmq.vhost`: removes the workers' permissions on the
+/// vhost the pipeline left and, under `deletionPolicy: Delete`, its objects there (each
+/// queue only when it holds no message).
+async fn leave_vhost(
+    valid: &Validated<'_>,
+    previous: &Topology,
+    user_changes: &mut Vec<UserChange>,
+    left_behind: &mut Vec<String>,
+) -> Result<(), Error> {
+    let management = &valid.broker.management;
+    let credentials = &valid.credentials;
+    if credentials.managed
+        && management
+            .remove_permissions(&credentials.username, &previous.vhost)
+            .await?
+    {
+        user_changes.push(UserChange::RemovePermissions {
+            user: credentials.username.clone(),
+            vhost: previous.vhost.clone(),
+        });
+    }
+    let policy = valid.spec.topology.deletion_policy;
+    if policy == DeletionPolicy::Delete {
+        let amqp_url = amqp_url_for(management.endpoint(), &previous.vhost);
+        let report = topology::delete(
+            management,
+            previous,
+            policy,
+            EmptinessCheck::Live(&amqp_url),
+        )
+        .await?;
+        let vhost = &previous.vhost;
+        left_behind.extend(
+            report
+                .removed
+                .iter()
+                .map(|r| format!("remove {r} from vhost {vhost:?}")),
+        );
+        left_behind.extend(
+            report
+                .kept
+                .iter()
+                .map(|k| format!("keep in vhost {vhost:?} {k}")),
+        );
+    }
+    Ok(())
 }
 
 fn pod_annotation<'a>(deployment: &'a Deployment, key: &str) -> Option<&'a String> {

@@ -25,6 +25,9 @@ pub struct Desired {
     pub deployment: Deployment,
     /// A user the operator made before and the workers no longer use.
     pub replaced_user: Option<String>,
+    /// The topology in the vhost the pipeline was applied in before, when `spec.rabbitmq.vhost`
+    /// changed since: its permissions go, and its objects as `deletionPolicy` says.
+    pub previous_topology: Option<Topology>,
 }
 
 pub fn desired(
@@ -49,7 +52,16 @@ pub fn desired(
         secrets_hash: &hash,
     };
     let deployment = desired_deployment(valid.pipeline, inputs)?;
+    let previous_topology = match worker_user::applied_vhost(resolved.worker_secret.as_ref()) {
+        Some(old) if old != topology.vhost => Some(Topology::desired(
+            &old,
+            &spec.topology,
+            valid.broker.capabilities,
+        )?),
+        _ => None,
+    };
     Ok(Desired {
+        previous_topology,
         permissions: credentials
             .managed
             .then(|| Permissions::for_worker(&spec.topology)),

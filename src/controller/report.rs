@@ -116,6 +116,7 @@ async fn publish_events(
                 .iter()
                 .map(ToString::to_string)
                 .chain(done.applied.user_changes.iter().map(ToString::to_string))
+                .chain(done.applied.left_behind.iter().cloned())
                 .collect();
             // Applied before (a status of an older operator has no appliedGeneration,
             // but said TopologyReady): later changes are updates or repairs.

@@ -98,6 +98,18 @@ pub fn replaced_managed_user(
     (managed && !credentials.managed && username != credentials.username).then_some(username)
 }
 
+/// The vhost of the workers' URL in `existing` (the Secret the pipeline owns): the vhost
+/// the pipeline was last applied in.
+pub fn applied_vhost(existing: Option<&Secret>) -> Option<String> {
+    let url = url::Url::parse(&secret_value(existing?, URL_KEY)?).ok()?;
+    let encoded = url.path().strip_prefix('/')?;
+    (!encoded.is_empty()).then(|| {
+        percent_encoding::percent_decode_str(encoded)
+            .decode_utf8_lossy()
+            .into_owned()
+    })
+}
+
 /// A random password of letters and digits, from the operating system's generator.
 pub fn generate_password() -> String {
     let random = SystemRandom::new();

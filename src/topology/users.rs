@@ -75,6 +75,11 @@ pub enum UserChange {
     },
     /// A user made before and no longer used.
     DeleteUser(String),
+    /// The user's permissions on a vhost it no longer uses.
+    RemovePermissions {
+        user: String,
+        vhost: String,
+    },
 }
 
 impl fmt::Display for UserChange {
@@ -86,6 +91,12 @@ impl fmt::Display for UserChange {
                 write!(f, "set the permissions of user {user:?} on vhost {vhost:?}")
             }
             Self::DeleteUser(user) => write!(f, "delete user {user:?}"),
+            Self::RemovePermissions { user, vhost } => {
+                write!(
+                    f,
+                    "remove the permissions of user {user:?} on vhost {vhost:?}"
+                )
+            }
         }
     }
 }
@@ -187,6 +198,21 @@ impl Management {
             .grant_full_permissions(&user, vhost)
             .await
             .map_err(|e| self.error(&format!("grant {user:?} permissions on {vhost:?}"), e))?;
+        Ok(true)
+    }
+
+    /// Removes `user`'s permissions on `vhost`; `false` when it had none.
+    pub async fn remove_permissions(&self, user: &str, vhost: &str) -> Result<bool, TopologyError> {
+        match self.api.get_permissions(vhost, user).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => return Ok(false),
+            Err(e) => return Err(self.error(&format!("read the permissions of {user:?}"), e)),
+        }
+        self.count_write();
+        self.api
+            .clear_permissions(vhost, user, true)
+            .await
+            .map_err(|e| self.error(&format!("remove the permissions of {user:?}"), e))?;
         Ok(true)
     }
 

@@ -144,3 +144,55 @@ async fn the_operators_own_grant_is_rechecked_every_pass() {
         "{published:?}"
     );
 }
+
+/// `spec.rabbitmq.vhost` changes: the pipeline is built in the new vhost, and the old
+/// one loses the workers' permissions and, under `deletionPolicy: Delete`, its objects.
+#[tokio::test]
+async fn a_vhost_change_removes_the_old_vhosts_topology_and_permissions() {
+    let h = harness();
+    let name = unique("shop");
+    let (old, new) = (
+        TestVhost::fresh("controller-vhost-old"),
+        TestVhost::fresh("controller-vhost-new"),
+    );
+    let user = format!("mailer-worker.{NS}.{name}");
+    let _users = UserCleanup(vec![user.clone()]);
+    connection_secret(&h, &secret_uri());
+    let spec = json!({"rabbitmq": {"vhost": old.name, "connectionSecret": {"name": "conn"}},
+                      "topology": {"deletionPolicy": "Delete"}});
+    h.seed_pipeline(&name, spec, true);
+    h.reconcile(&name).await.0.unwrap();
+    let admin = raw_api();
+    admin
+        .get_permissions(&old.name, &user)
+        .await
+        .expect("the workers' permissions");
+
+    let mut object = h.fake.get(&pipeline_path(&name)).unwrap();
+    object["spec"]["rabbitmq"]["vhost"] = json!(new.name);
+    h.fake.put(&pipeline_path(&name), object);
+    let (result, requests) = h.reconcile(&name).await;
+    result.unwrap();
+    admin
+        .get_queue_info(&new.name, "mail.send")
+        .await
+        .expect("built in the new vhost");
+    admin
+        .get_permissions(&new.name, &user)
+        .await
+        .expect("permissions on the new vhost");
+    assert!(
+        admin.get_permissions(&old.name, &user).await.is_err(),
+        "no permissions left on the old vhost"
+    );
+    for queue in ["mail.send", "mail.send.retry", "mail.send.dead"] {
+        assert!(
+            admin.get_queue_info(&old.name, queue).await.is_err(),
+            "{queue} left in the old vhost"
+        );
+    }
+    let published = events(&requests);
+    assert_eq!(published[0].1, "TopologyUpdated", "{published:?}");
+    let url = h.secret_value(&format!("{name}-worker-amqp"), "url");
+    assert!(url.ends_with(&new.name.replace('-', "%2D")), "{url}");
+}
