@@ -196,6 +196,18 @@ mod tests {
     }
 
     #[test]
+    fn a_throttled_read_is_due_once_per_interval_and_per_key() {
+        let last = Mutex::new(HashMap::new());
+        let minute = Duration::from_secs(60);
+        assert!(due(&last, "prod/a", minute), "the first time");
+        assert!(!due(&last, "prod/a", minute), "again within the interval");
+        assert!(due(&last, "prod/b", minute), "another pipeline");
+        assert!(due(&last, "prod/a", Duration::ZERO), "a zero interval");
+        lock(&last).insert("prod/c".into(), Instant::now() - minute);
+        assert!(due(&last, "prod/c", minute), "once the interval passed");
+    }
+
+    #[test]
     fn long_notes_are_cut_at_a_character_boundary() {
         let cut = truncate("é".repeat(600), 1000);
         assert!(cut.len() <= 1000 && cut.ends_with("..."));
