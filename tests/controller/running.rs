@@ -109,3 +109,67 @@ async fn an_unreadable_pipeline_does_not_stall_the_others() {
         "{published:?}"
     );
 }
+
+/// A Secret a pipeline reads, created later, reconciles that pipeline: Secrets are
+/// watched as metadata and mapped to the pipelines that read them through the index.
+#[tokio::test]
+async fn a_secret_that_appears_reconciles_the_pipeline_that_reads_it() {
+    let h = harness();
+    h.seed_pipeline(
+        "shop",
+        json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
+        true,
+    );
+    let health = Health::new(Duration::from_secs(60));
+    let (stop_tx, stop) = watch::channel(false);
+    let (_abort_tx, abort) = watch::channel(false);
+    let namespaces = [NS.to_string()];
+    let running = run_controllers(
+        h.fake.client(),
+        &namespaces,
+        h.ctx.clone(),
+        &health,
+        stop,
+        abort,
+    );
+    let reason = |h: &Harness| {
+        let stored = h.fake.get(&pipeline_path("shop"))?;
+        let conditions = stored["status"]["conditions"].as_array()?.clone();
+        let ready = conditions.into_iter().find(|c| c["type"] == "Ready")?;
+        ready["reason"].as_str().map(str::to_string)
+    };
+    let checking = async {
+        eventually(20, "the missing Secret to be reported", || async {
+            (reason(&h).as_deref() == Some("MissingSecret")).then_some(())
+        })
+        .await;
+        // A failure that cannot pass waits for the resync (5 minutes): only the
+        // Secret's watch event can bring the pipeline back now.
+        connection_secret(&h, super::broker::CLOSED_MANAGEMENT_URL);
+        eventually(
+            20,
+            "the pipeline to be reconciled with its Secret",
+            || async { (reason(&h).as_deref() == Some("Unreachable")).then_some(()) },
+        )
+        .await;
+        let watches: Vec<_> = h
+            .fake
+            .take_requests()
+            .into_iter()
+            .filter(|r| r.is_watch() && r.path.ends_with("/secrets"))
+            .collect();
+        assert!(
+            !watches.is_empty()
+                && watches
+                    .iter()
+                    .all(|w| w.accept.contains("as=PartialObjectMetadata")),
+            "Secrets are watched as metadata only"
+        );
+        stop_tx.send(true).unwrap();
+    };
+    tokio::time::timeout(Duration::from_secs(40), async {
+        tokio::join!(running, checking)
+    })
+    .await
+    .expect("the controllers stop on shutdown");
+}
