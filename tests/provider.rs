@@ -7,8 +7,8 @@ pub mod support;
 
 use std::process::Command;
 
+use mailer::message::{Mail, parse_request};
 use mailer::provider::{self, ErrorClass};
-use mailer::worker::request::{Mail, parse_request};
 use serde_json::json;
 use support::smtp::{SmtpServer, TempDir, closed_port};
 

@@ -22,7 +22,8 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use crate::worker::request::Mail;
+use crate::message::Mail;
+use crate::redact::redacted;
 
 /// A way of sending mail.
 ///
@@ -185,16 +186,6 @@ pub fn from_url(url: &str) -> Result<Arc<dyn Provider>, ProviderUrlError> {
             scheme: scheme.to_owned(),
         }),
     }
-}
-
-/// The URL with its password, if any, replaced by `***`.
-pub fn redacted(url: &url::Url) -> String {
-    let mut shown = url.clone();
-    if shown.password().is_some() {
-        // Only fails for URLs that cannot have a password, and this one has one.
-        let _ = shown.set_password(Some("***"));
-    }
-    shown.to_string()
 }
 
 /// Refuses query parameters a provider does not know, so a typo is not ignored.

@@ -30,7 +30,7 @@ pub use settings::{
 };
 
 use super::{ErrorClass, Failure, Provider, ProviderUrlError, SendError};
-use crate::worker::request::Mail;
+use crate::message::Mail;
 
 /// An idle connection older than this is closed rather than reused: servers drop idle
 /// clients after a while, and a stale connection costs a failed command to find out.

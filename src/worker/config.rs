@@ -48,6 +48,35 @@ pub struct WorkerTuning {
     /// How long a stopping worker waits for deliveries in flight, e.g. 30s.
     #[arg(long, env = "MAIL_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
+    /// How long one attempt to connect to the broker may take; failed attempts are
+    /// retried with backoff before the worker gives up.
+    #[arg(long, env = "MAIL_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+    /// How long the broker may take to confirm a park or dead-letter publish (and to
+    /// answer a cancel or close); a publish that times out failed.
+    #[arg(long, env = "MAIL_PUBLISH_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub publish_timeout: Duration,
+}
+
+/// How long each step of the worker may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// One attempt to connect to the broker.
+    pub connect: Duration,
+    /// A publish's confirm, a cancel, a close.
+    pub publish: Duration,
+    /// Waiting for deliveries in flight when stopping.
+    pub shutdown: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            connect: crate::amqp::connect::DEFAULT_CONNECT_TIMEOUT,
+            publish: crate::amqp::publish::DEFAULT_PUBLISH_TIMEOUT,
+            shutdown: Duration::from_secs(30),
+        }
+    }
 }
 
 /// A value the worker cannot start with.
@@ -75,7 +104,11 @@ impl WorkerArgs {
             retry_exchange: t.retry_exchange,
             dead_exchange: t.dead_exchange,
             send_key: t.send_key,
-            shutdown_timeout: t.shutdown_timeout,
+            timeouts: Timeouts {
+                connect: t.connect_timeout,
+                publish: t.publish_timeout,
+                shutdown: t.shutdown_timeout,
+            },
         })
     }
 }
@@ -104,6 +137,24 @@ pub fn amqp_user(amqp_url: &str) -> Result<String, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_flag_defaults_are_the_timeouts_defaults() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: WorkerArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "worker",
+            "--amqp-url",
+            "amqp://h",
+            "--provider-url",
+            "discard://",
+        ]);
+        let worker = cli.unwrap().args.into_worker().unwrap();
+        assert_eq!(worker.timeouts, Timeouts::default());
+    }
 
     #[test]
     fn the_user_comes_from_the_url() {

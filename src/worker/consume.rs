@@ -12,15 +12,16 @@ use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, info, warn};
 
 use super::attempt::attempt_of;
+use super::config::Timeouts;
 use super::metrics::{OutcomeLabel, WorkerMetrics};
 use super::outcome::{Attempted, Outcome, decide};
-use super::publish::{PublishError, Publisher};
-use super::request::parse_request;
+use super::publish::Publisher;
+use crate::amqp::{ConnectError, PublishError, connect};
+use crate::message::parse_request;
 use crate::provider::Provider;
 use crate::redact::redact_url;
 use crate::telemetry::Health;
@@ -40,15 +41,13 @@ pub struct Worker {
     pub retry_exchange: String,
     pub dead_exchange: String,
     pub send_key: String,
-    pub shutdown_timeout: Duration,
+    pub timeouts: Timeouts,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
-    #[error(
-        "cannot connect to the broker at {url}: {source}; check that RabbitMQ is running and the URL and credentials are right"
-    )]
-    Connect { url: String, source: lapin::Error },
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     #[error(
         "cannot consume {queue}: {source}; does the queue exist (mailer topology apply creates it) and may this user read it?"
     )]
@@ -96,14 +95,7 @@ impl Worker {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), WorkerError> {
         let url = redact_url(&self.amqp_url);
-        let properties =
-            ConnectionProperties::default().with_connection_name("mailer-worker".into());
-        let connection = Connection::connect(&self.amqp_url, properties)
-            .await
-            .map_err(|source| WorkerError::Connect {
-                url: url.clone(),
-                source,
-            })?;
+        let connection = connect(&self.amqp_url, "mailer-worker", self.timeouts.connect).await?;
         let consume = connection.create_channel().await?;
         consume
             .basic_qos(self.prefetch, BasicQosOptions::default())
@@ -132,6 +124,7 @@ impl Worker {
                 &self.send_key,
                 &self.retry_exchange,
                 &self.dead_exchange,
+                self.timeouts.publish,
             ),
             max_attempts: self.max_attempts,
             metrics: metrics.clone(),
@@ -173,7 +166,7 @@ impl Worker {
         let _ = consume
             .basic_cancel(consumer.tag(), BasicCancelOptions::default())
             .await;
-        let drained = drain(&mut in_flight, self.shutdown_timeout).await;
+        let drained = drain(&mut in_flight, self.timeouts.shutdown).await;
         let _ = consume.close(200, "worker stopping".into()).await;
         let _ = connection.close(200, "worker stopping".into()).await;
         stopped?;
@@ -307,7 +300,7 @@ async fn settle(delivery: &Delivery, outcome: Outcome, shared: &Shared) -> Resul
         }
     };
     if let Err(e) = published {
-        shared.metrics.settled(OutcomeLabel::Failed);
+        shared.metrics.settled(OutcomeLabel::PublishFailed);
         warn!(error = %e, "could not settle the delivery; leaving it unacknowledged");
         return Err(e.into());
     }

@@ -15,7 +15,8 @@ pub enum OutcomeLabel {
     Parked,
     DeadLettered,
     /// The park or dead-letter publish failed; the delivery goes back to the broker.
-    Failed,
+    /// Not the design's "failed for now", which is `parked`.
+    PublishFailed,
 }
 
 impl OutcomeLabel {
@@ -24,7 +25,7 @@ impl OutcomeLabel {
             Self::Sent => "sent",
             Self::Parked => "parked",
             Self::DeadLettered => "dead_lettered",
-            Self::Failed => "failed",
+            Self::PublishFailed => "publish_failed",
         }
     }
 }

@@ -7,7 +7,9 @@ pub mod consume;
 pub mod metrics;
 pub mod outcome;
 pub mod publish;
-pub mod request;
+pub mod serve;
+pub mod standalone;
 
 pub use config::WorkerArgs;
 pub use consume::{Worker, WorkerError};
+pub use serve::serve;
