@@ -17,7 +17,7 @@ test:
 
 # The integration tests whose subject is the broker's behaviour, on RabbitMQ 4.0.
 test-rabbitmq4:
-	MAILER_TEST_BROKER=4.0 cargo test --locked --test topology --test worker --test dead
+	MAILER_TEST_BROKER=4.0 cargo test --locked --test topology --test worker --test resilience --test dead
 
 lint:
 	cargo fmt --check

@@ -56,6 +56,10 @@ pub struct WorkerTuning {
     /// answer a cancel or close); a publish that times out failed.
     #[arg(long, env = "MAIL_PUBLISH_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub publish_timeout: Duration,
+    /// How long one send may take, the whole SMTP transaction; a send that takes longer
+    /// failed for now (class `timeout`).
+    #[arg(long, env = "MAIL_SEND_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub send_timeout: Duration,
 }
 
 /// How long each step of the worker may take.
@@ -65,8 +69,19 @@ pub struct Timeouts {
     pub connect: Duration,
     /// A publish's confirm, a cancel, a close.
     pub publish: Duration,
+    /// One send, the whole SMTP transaction.
+    pub send: Duration,
     /// Waiting for deliveries in flight when stopping.
     pub shutdown: Duration,
+}
+
+impl Timeouts {
+    /// The longest one delivery can take when nothing hangs: its send, its park or
+    /// dead-letter publish and its ack, and some slack. A delivery in flight for longer
+    /// means the worker is stuck, and `/livez` says so.
+    pub fn longest_delivery(&self) -> Duration {
+        self.send + self.publish * 2 + Duration::from_secs(10)
+    }
 }
 
 impl Default for Timeouts {
@@ -74,6 +89,7 @@ impl Default for Timeouts {
         Self {
             connect: crate::amqp::connect::DEFAULT_CONNECT_TIMEOUT,
             publish: crate::amqp::publish::DEFAULT_PUBLISH_TIMEOUT,
+            send: Duration::from_secs(60),
             shutdown: Duration::from_secs(30),
         }
     }
@@ -107,6 +123,7 @@ impl WorkerArgs {
             timeouts: Timeouts {
                 connect: t.connect_timeout,
                 publish: t.publish_timeout,
+                send: t.send_timeout,
                 shutdown: t.shutdown_timeout,
             },
         })

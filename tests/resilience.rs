@@ -1,0 +1,312 @@
+//! The worker when things go wrong that the shared brokers can show without being
+//! disturbed: a peer that never speaks AMQP, a panicking provider, the consuming
+//! connection closed by the broker mid-send. (Broker restarts and alarms run on private
+//! nodes: tests/faults.rs, `make faults`.)
+
+pub mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use lapin::BasicProperties;
+use mailer::message::Mail;
+use mailer::provider::{Provider, SendError};
+use mailer::telemetry::Health;
+use mailer::worker::config::Timeouts;
+use mailer::worker::metrics::WorkerMetrics;
+use mailer::worker::{Worker, WorkerError};
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use support::broker::{
+    TestVhost, confirming_channel, get_within, pipeline, publish, raw_api, text,
+};
+use support::process::{eventually, exit_within, free_port, http_get, signal, start_worker_with};
+
+/// A worker running in this process, with a provider of the test's own.
+struct InProcess {
+    registry: Arc<Registry>,
+    health: Arc<Health>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    run: tokio::task::JoinHandle<Result<(), WorkerError>>,
+}
+
+impl InProcess {
+    fn start(vhost: &TestVhost, provider: Arc<dyn Provider>, prefetch: u16) -> Self {
+        let mut registry = Registry::default();
+        let metrics = Arc::new(WorkerMetrics::register(&mut registry));
+        let health = Health::new(Duration::from_secs(60));
+        let worker = Worker {
+            amqp_url: vhost.amqp_url(),
+            user: "guest".into(),
+            provider,
+            max_attempts: 5,
+            prefetch,
+            queue: "mail.send".into(),
+            retry_exchange: "mail.retry".into(),
+            dead_exchange: "mail.dead".into(),
+            send_key: "mail.send".into(),
+            timeouts: Timeouts::default(),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(worker.run(metrics, health.clone(), async {
+            let _ = stopped.await;
+        }));
+        Self {
+            registry: Arc::new(registry),
+            health,
+            stop: Some(stop),
+            run,
+        }
+    }
+
+    /// `mailer_worker_deliveries_total{outcome}` now.
+    fn settled(&self, outcome: &str) -> u64 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("encode");
+        let series = format!("mailer_worker_deliveries_total{{outcome=\"{outcome}\"}} ");
+        text.lines()
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .map_or(0, |n| n.trim().parse().expect("a count"))
+    }
+
+    async fn stop(mut self) -> Result<(), WorkerError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(30), self.run)
+            .await
+            .expect("the worker stops within 30s")
+            .expect("the worker's task")
+    }
+}
+
+/// A provider that records every mail it sent, panics for recipients whose local part
+/// starts with `panic`, and takes `delay` for each send.
+#[derive(Debug, Default)]
+struct TestProvider {
+    delay: Duration,
+    started: Mutex<Vec<String>>,
+    sent: Mutex<Vec<String>>,
+}
+
+impl std::fmt::Display for TestProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("test://")
+    }
+}
+
+impl Provider for TestProvider {
+    fn send<'a>(&'a self, mail: &'a Mail) -> BoxFuture<'a, Result<(), SendError>> {
+        Box::pin(async move {
+            let id = mail.message_id().to_string();
+            self.started.lock().unwrap().push(id.clone());
+            if mail
+                .envelope()
+                .to()
+                .iter()
+                .any(|to| to.user().starts_with("panic"))
+            {
+                panic!("the test provider panics for {id}");
+            }
+            tokio::time::sleep(self.delay).await;
+            self.sent.lock().unwrap().push(id);
+            Ok(())
+        })
+    }
+}
+
+fn request(to: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "from": "shop@example.com", "to": [to], "subject": "Hi", "text": "Hello"
+    }))
+    .unwrap()
+}
+
+fn properties(id: &str) -> BasicProperties {
+    BasicProperties::default()
+        .with_message_id(id.into())
+        .with_delivery_mode(2)
+}
+
+async fn ready(vhost: &TestVhost, queue: &str) -> u32 {
+    let connection = vhost.connect().await;
+    let channel = connection.create_channel().await.unwrap();
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            Default::default(),
+        )
+        .await
+        .expect("passive declare");
+    let _ = connection.close(200, "looked".into()).await;
+    declared.message_count()
+}
+
+#[tokio::test]
+async fn sigterm_while_connecting_to_a_silent_peer_stops_at_once_and_the_probes_say_why() {
+    // A peer that accepts TCP and never speaks AMQP.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let amqp = format!(
+        "amqp://guest:guest@127.0.0.1:{}/%2f",
+        silent.local_addr().unwrap().port()
+    );
+    let http = free_port();
+    let addr = format!("127.0.0.1:{http}");
+    let mut worker = start_worker_with(
+        &amqp,
+        "discard://",
+        &[("MAIL_HTTP_ADDR", &addr), ("MAIL_CONNECT_TIMEOUT", "1s")],
+    );
+    let (status, body) = eventually(10, "/readyz", || async { http_get(http, "/readyz") }).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("connecting"), "{body}");
+    // Past the first timed-out attempt, into the retries: still live, since it is trying.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(http_get(http, "/livez").map(|(s, _)| s), Some(200));
+    signal(&worker, "TERM");
+    let started = std::time::Instant::now();
+    assert!(exit_within(&mut worker, Duration::from_secs(5)).success());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(silent);
+}
+
+#[tokio::test]
+async fn a_panicking_provider_never_leaks_a_delivery() {
+    let vhost = pipeline("panic", "").await;
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    // More panicking requests than the prefetch: if a panic held its delivery, the worker
+    // would stall with every slot taken, and the good ones behind them would never go.
+    let panicking = 20;
+    for i in 0..panicking {
+        let id = format!("p-{i:02}");
+        publish(
+            &channel,
+            "mail",
+            "mail.send",
+            &request("panic@example.com"),
+            properties(&id),
+        )
+        .await;
+    }
+    for i in 0..4 {
+        let id = format!("ok-{i}");
+        publish(
+            &channel,
+            "mail",
+            "mail.send",
+            &request("ok@example.com"),
+            properties(&id),
+        )
+        .await;
+    }
+    let provider = Arc::new(TestProvider::default());
+    let worker = InProcess::start(&vhost, provider.clone(), 16);
+
+    // Each panicking request is rejected with requeue until the delivery limit
+    // dead-letters it (six deliveries each).
+    let mut dead = Vec::new();
+    while dead.len() < panicking {
+        let message = get_within(&channel, "mail.send.dead", Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|| panic!("only {} of {panicking} dead-lettered", dead.len()));
+        let headers = message
+            .delivery
+            .properties
+            .headers()
+            .clone()
+            .unwrap_or_default();
+        assert_eq!(
+            text(headers.inner().get("x-first-death-reason")).as_deref(),
+            Some("delivery_limit")
+        );
+        dead.push(
+            message
+                .delivery
+                .properties
+                .message_id()
+                .clone()
+                .unwrap()
+                .to_string(),
+        );
+        message
+            .delivery
+            .acker
+            .ack(Default::default())
+            .await
+            .unwrap();
+    }
+    eventually(10, "the good requests sent", || async {
+        (worker.settled("sent") == 4).then_some(())
+    })
+    .await;
+    assert_eq!(worker.settled("panicked"), 6 * panicking as u64);
+    assert!(worker.health.is_ready());
+    assert!(worker.stop().await.is_ok());
+    assert_eq!(ready(&vhost, "mail.send").await, 0);
+}
+
+#[tokio::test]
+async fn losing_the_consuming_connection_abandons_every_send_at_once_and_loses_nothing() {
+    let vhost = pipeline("lost", "").await;
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    for i in 0..20 {
+        let id = format!("m-{i:02}");
+        publish(
+            &channel,
+            "mail",
+            "mail.send",
+            &request("ok@example.com"),
+            properties(&id),
+        )
+        .await;
+    }
+    // Sends that take longer than the test: when the connection goes, all are mid-send.
+    let provider = Arc::new(TestProvider {
+        delay: Duration::from_secs(600),
+        ..Default::default()
+    });
+    let worker = InProcess::start(&vhost, provider.clone(), 8);
+    eventually(30, "8 sends under way", || async {
+        (provider.started.lock().unwrap().len() == 8).then_some(())
+    })
+    .await;
+
+    // The broker closes the worker's consuming connection, as it does when a node stops.
+    let api = raw_api();
+    let consuming = eventually(30, "the consuming connection listed", || async {
+        let listed = api.list_connections_in(&vhost.name).await.ok()?;
+        listed
+            .into_iter()
+            .find(|c| c.client_properties.connection_name == "mailer-worker-consume")
+    })
+    .await;
+    api.close_connection(&consuming.name, Some("test: the connection goes"), false)
+        .await
+        .expect("close the connection");
+    let closed = std::time::Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(5), worker.run)
+        .await
+        .expect("the worker exits within seconds")
+        .expect("the worker's task");
+    match result {
+        Err(WorkerError::ConsumeLost { abandoned, .. }) => assert_eq!(abandoned, 8),
+        other => panic!("expected the consuming connection lost, got {other:?}"),
+    }
+    assert!(closed.elapsed() < Duration::from_secs(5));
+    assert!(provider.sent.lock().unwrap().is_empty(), "no send went on");
+    eventually(30, "every request back in mail.send", || async {
+        (ready(&vhost, "mail.send").await == 20).then_some(())
+    })
+    .await;
+}
