@@ -4,6 +4,10 @@
 
 pub mod support;
 
+mod worker {
+    pub mod identity;
+}
+
 use std::collections::BTreeSet;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};

@@ -5,8 +5,8 @@
 //! drives each transaction itself: `MAIL FROM`, then `RCPT TO` for every recipient,
 //! collecting the replies, and `DATA` only when every recipient was accepted, so no
 //! one gets a mail that others did not. If any recipient is refused for good (5xx) the
-//! mail failed for good, else a 4xx means it failed for now. After a refused
-//! transaction `RSET` makes the connection reusable.
+//! mail failed for good whatever follows, else a 4xx means it failed for now. After a
+//! refused transaction `RSET` makes the connection reusable.
 
 mod failure;
 mod settings;
@@ -298,6 +298,12 @@ impl SmtpProvider {
             {
                 Ok(_) => {}
                 Err(refusal) if refusal.connection_usable => refusals.push(refusal),
+                // The session ended (a 421, the network): a recipient already refused
+                // for good still makes the mail rejected.
+                Err(error) if refusals.iter().any(|r| r.failure == Failure::ForGood) => {
+                    refusals.push(error);
+                    break;
+                }
                 Err(error) => return Err(error),
             }
         }

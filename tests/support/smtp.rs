@@ -135,6 +135,18 @@ impl SmtpServer {
             .collect()
     }
 
+    /// The Message-IDs of the mails refused once at the end of DATA (recipients
+    /// `…+451once@…`), in the order they came.
+    pub fn refused_message_ids(&self) -> Vec<String> {
+        std::fs::read_to_string(self.mail_dir.0.join("refused.log"))
+            .map(|log| {
+                log.lines()
+                    .map(|id| id.trim_matches(['<', '>']).to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// How many SMTP sessions (EHLO or HELO) the server has seen.
     pub fn sessions(&self) -> usize {
         std::fs::read_to_string(self.mail_dir.0.join("sessions.log"))

@@ -1,9 +1,11 @@
 //! Sorting what went wrong in an SMTP session into for now or for good, and a class.
 //!
-//! Only a 5xx reply to the mail itself (its sender, a recipient, or its content) is for
-//! good. A 5xx while connecting or logging in is about this client or its settings,
-//! which someone can fix, so the mail is retried. Everything without a reply (the
-//! network, TLS, a timeout) is for now.
+//! Only a 5xx reply to the mail itself (a recipient, or its content after every
+//! recipient was accepted) is for good. A 5xx to the session (the greeting, STARTTLS,
+//! AUTH, or MAIL FROM, where a relay asks for authentication with 530 or refuses this
+//! client as a sender) is about this client or its settings, which someone can fix, so
+//! the mail is retried: a misconfigured relay must not dead-letter the whole queue.
+//! Everything without a reply (the network, TLS, a timeout) is for now.
 
 use crate::provider::{ErrorClass, Failure};
 
@@ -14,6 +16,9 @@ const MAX_LISTED_REFUSALS: usize = 10;
 const LETTRE_CONNECTION_CLOSED: &str = "incomplete response";
 /// The reply of a server that is closing the connection.
 const SERVICE_CLOSING: u16 = 421;
+/// RFC 4954's "authentication required" and "authentication credentials invalid".
+const AUTH_REQUIRED: u16 = 530;
+const AUTH_FAILED: u16 = 535;
 
 /// The step of a session a failure happened at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,10 +36,7 @@ pub(super) enum Step {
 impl Step {
     /// Whether a reply at this step is about the mail rather than the session.
     fn is_about_the_mail(self) -> bool {
-        matches!(
-            self,
-            Self::MailFrom | Self::RcptTo | Self::Data | Self::Message
-        )
+        matches!(self, Self::RcptTo | Self::Data | Self::Message)
     }
 }
 
@@ -99,6 +101,7 @@ pub(super) fn classify(step: Step, what: &str, cause: Cause) -> StepError {
             let permanent = code / 100 == 5;
             let class = match step {
                 Step::Auth => ErrorClass::Auth,
+                _ if code == AUTH_REQUIRED || code == AUTH_FAILED => ErrorClass::Auth,
                 _ if permanent && !step.is_about_the_mail() => ErrorClass::Protocol,
                 _ if permanent => ErrorClass::PermanentReply,
                 _ => ErrorClass::TemporaryReply,
@@ -134,7 +137,8 @@ pub(super) fn classify(step: Step, what: &str, cause: Cause) -> StepError {
     }
 }
 /// One error for a transaction whose recipients were refused: for good when any
-/// refusal is (a 5xx), even if a 4xx came first; else for now.
+/// refusal is (a 5xx), even if a 4xx came first or the server closed the connection
+/// after (a 421 at a later recipient); else for now.
 pub(super) fn refused_recipients(refusals: Vec<StepError>) -> StepError {
     let for_good = refusals.iter().any(|r| r.failure == Failure::ForGood);
     let mut listed: Vec<&str> = refusals
@@ -163,7 +167,7 @@ pub(super) fn refused_recipients(refusals: Vec<StepError>) -> StepError {
             "recipients refused, so the mail went to no one: {}",
             listed.join("; ")
         ),
-        connection_usable: true,
+        connection_usable: refusals.iter().all(|r| r.connection_usable),
     }
 }
 
