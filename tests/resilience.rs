@@ -5,116 +5,18 @@
 
 pub mod support;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use lapin::BasicProperties;
-use mailer::message::Mail;
-use mailer::provider::{Provider, SendError};
-use mailer::telemetry::Health;
-use mailer::worker::config::Timeouts;
-use mailer::worker::metrics::WorkerMetrics;
-use mailer::worker::{Worker, WorkerError};
-use prometheus_client::registry::Registry;
+use mailer::worker::WorkerError;
 use serde_json::json;
 use support::broker::{
     TestVhost, confirming_channel, get_within, pipeline, publish, raw_api, text,
 };
+use support::inproc::InProcess;
 use support::process::{eventually, exit_within, free_port, http_get, signal, start_worker_with};
-
-/// A worker running in this process, with a provider of the test's own.
-struct InProcess {
-    registry: Arc<Registry>,
-    health: Arc<Health>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    run: tokio::task::JoinHandle<Result<(), WorkerError>>,
-}
-
-impl InProcess {
-    fn start(vhost: &TestVhost, provider: Arc<dyn Provider>, prefetch: u16) -> Self {
-        let mut registry = Registry::default();
-        let metrics = Arc::new(WorkerMetrics::register(&mut registry));
-        let health = Health::new(Duration::from_secs(60));
-        let worker = Worker {
-            amqp_url: vhost.amqp_url(),
-            user: "guest".into(),
-            provider,
-            max_attempts: 5,
-            prefetch,
-            queue: "mail.send".into(),
-            retry_exchange: "mail.retry".into(),
-            dead_exchange: "mail.dead".into(),
-            send_key: "mail.send".into(),
-            timeouts: Timeouts::default(),
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let run = tokio::spawn(worker.run(metrics, health.clone(), async {
-            let _ = stopped.await;
-        }));
-        Self {
-            registry: Arc::new(registry),
-            health,
-            stop: Some(stop),
-            run,
-        }
-    }
-
-    /// `mailer_worker_deliveries_total{outcome}` now.
-    fn settled(&self, outcome: &str) -> u64 {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("encode");
-        let series = format!("mailer_worker_deliveries_total{{outcome=\"{outcome}\"}} ");
-        text.lines()
-            .find_map(|line| line.strip_prefix(series.as_str()))
-            .map_or(0, |n| n.trim().parse().expect("a count"))
-    }
-
-    async fn stop(mut self) -> Result<(), WorkerError> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(30), self.run)
-            .await
-            .expect("the worker stops within 30s")
-            .expect("the worker's task")
-    }
-}
-
-/// A provider that records every mail it sent, panics for recipients whose local part
-/// starts with `panic`, and takes `delay` for each send.
-#[derive(Debug, Default)]
-struct TestProvider {
-    delay: Duration,
-    started: Mutex<Vec<String>>,
-    sent: Mutex<Vec<String>>,
-}
-
-impl std::fmt::Display for TestProvider {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("test://")
-    }
-}
-
-impl Provider for TestProvider {
-    fn send<'a>(&'a self, mail: &'a Mail) -> BoxFuture<'a, Result<(), SendError>> {
-        Box::pin(async move {
-            let id = mail.message_id().to_string();
-            self.started.lock().unwrap().push(id.clone());
-            if mail
-                .envelope()
-                .to()
-                .iter()
-                .any(|to| to.user().starts_with("panic"))
-            {
-                panic!("the test provider panics for {id}");
-            }
-            tokio::time::sleep(self.delay).await;
-            self.sent.lock().unwrap().push(id);
-            Ok(())
-        })
-    }
-}
+use support::provider::TestProvider;
 
 fn request(to: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({
@@ -210,7 +112,7 @@ async fn a_panicking_provider_never_leaks_a_delivery() {
         .await;
     }
     let provider = Arc::new(TestProvider::default());
-    let worker = InProcess::start(&vhost, provider.clone(), 16);
+    let worker = InProcess::start(&vhost.amqp_url(), provider.clone(), 16);
 
     // Each panicking request is rejected with requeue until the delivery limit
     // dead-letters it (six deliveries each).
@@ -276,7 +178,7 @@ async fn losing_the_consuming_connection_abandons_every_send_at_once_and_loses_n
         delay: Duration::from_secs(600),
         ..Default::default()
     });
-    let worker = InProcess::start(&vhost, provider.clone(), 8);
+    let worker = InProcess::start(&vhost.amqp_url(), provider.clone(), 8);
     eventually(30, "8 sends under way", || async {
         (provider.started.lock().unwrap().len() == 8).then_some(())
     })
