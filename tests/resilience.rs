@@ -14,7 +14,7 @@ use serde_json::json;
 use support::broker::{
     TestVhost, confirming_channel, get_within, pipeline, publish, raw_api, text,
 };
-use support::inproc::InProcess;
+use support::inproc::{InProcess, settled};
 use support::process::{eventually, exit_within, free_port, http_get, signal, start_worker_with};
 use support::provider::TestProvider;
 
@@ -211,4 +211,49 @@ async fn losing_the_consuming_connection_abandons_every_send_at_once_and_loses_n
         (ready(&vhost, "mail.send").await == 20).then_some(())
     })
     .await;
+}
+
+#[tokio::test]
+async fn returns_are_matched_to_their_own_publish_when_many_are_in_flight() {
+    let vhost = pipeline("returns", "").await;
+    support::broker::remove_retry_binding(&vhost).await;
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    // Eight parks that the broker returns (no binding behind mail.retry) and eight dead
+    // letters that it routes, all in flight at once: a return paired with another
+    // publish's confirm would fail a dead letter, or worse, take a returned park as done.
+    for i in 0..8 {
+        let id = format!("later-{i}");
+        publish(
+            &channel,
+            "mail",
+            "mail.send",
+            &request("later@example.com"),
+            properties(&id),
+        )
+        .await;
+        let id = format!("bad-{i}");
+        publish(&channel, "mail", "mail.send", b"not json", properties(&id)).await;
+    }
+    let provider = Arc::new(TestProvider {
+        delay: Duration::from_millis(200),
+        ..Default::default()
+    });
+    let worker = InProcess::start(&vhost.amqp_url(), provider, 16);
+    let result = tokio::time::timeout(Duration::from_secs(30), worker.run)
+        .await
+        .expect("the worker stops")
+        .expect("the worker's task");
+    let error = result
+        .expect_err("a returned park stops the worker")
+        .to_string();
+    assert!(error.contains("returned as unroutable"), "{error}");
+    assert!(!error.contains("not the one published"), "{error}");
+    assert_eq!(settled(&worker.registry, "publish_failed"), 8);
+    assert_eq!(settled(&worker.registry, "dead_lettered"), 8);
+    eventually(30, "the parks back in mail.send", || async {
+        (ready(&vhost, "mail.send").await == 8).then_some(())
+    })
+    .await;
+    assert_eq!(ready(&vhost, "mail.send.dead").await, 8);
 }

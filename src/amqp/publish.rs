@@ -29,6 +29,16 @@ pub enum PublishError {
         "the publish to {exchange} was returned as unroutable: is its binding missing? (mailer topology apply repairs it)"
     )]
     Unroutable { exchange: String },
+    #[error("no channel to publish to {exchange} on")]
+    NoChannel { exchange: String },
+    #[error(
+        "the broker returned a message to {exchange} that is not the one published (message id {returned:?}, published {published:?}); the worker stops rather than guess"
+    )]
+    ReturnMismatch {
+        exchange: String,
+        published: Option<String>,
+        returned: Option<String>,
+    },
     #[error(
         "the broker did not confirm the publish to {exchange} within {}: is it blocking publishers (a memory or disk alarm)?",
         humantime::format_duration(*after)
@@ -38,6 +48,11 @@ pub enum PublishError {
 
 /// Publishes with the mandatory flag on `channel`, which must be in confirm mode, and
 /// returns once the broker confirmed that a queue took it, or fails after `timeout`.
+///
+/// lapin pairs a returned message with the next confirm of its channel, so a caller must
+/// have at most one publish in flight on `channel` (the worker keeps a channel per
+/// delivery in flight); a returned message that is not this one (another message id)
+/// is an error rather than a guess.
 pub async fn publish_confirmed(
     channel: &Channel,
     exchange: &str,
@@ -46,6 +61,7 @@ pub async fn publish_confirmed(
     body: &[u8],
     timeout: Duration,
 ) -> Result<(), PublishError> {
+    let published_id = properties.message_id().as_ref().map(|id| id.to_string());
     let publishing = async {
         let failed = |source| PublishError::Channel {
             exchange: exchange.to_string(),
@@ -79,7 +95,20 @@ pub async fn publish_confirmed(
         });
     }
     // A returned message is acked too: the broker dropped it, so it did not take.
-    if confirmation.take_message().is_some() {
+    if let Some(returned) = confirmation.take_message() {
+        let returned_id = returned
+            .delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.to_string());
+        if returned_id != published_id {
+            return Err(PublishError::ReturnMismatch {
+                exchange: exchange.to_string(),
+                published: published_id,
+                returned: returned_id,
+            });
+        }
         return Err(PublishError::Unroutable {
             exchange: exchange.to_string(),
         });

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use lapin::Connection;
 use lapin::options::BasicCancelOptions;
-use lapin::{Channel, Connection};
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
@@ -185,7 +185,7 @@ impl Worker {
         let shared = Arc::new(Shared {
             provider: self.provider.clone(),
             publisher: Publisher::new(
-                publish.clone(),
+                publish,
                 &self.user,
                 &self.send_key,
                 &self.retry_exchange,
@@ -277,12 +277,7 @@ impl Worker {
             }
         };
         let close = self.timeouts.publish;
-        close_all(
-            &[&consume, &publish],
-            &[&consume_connection, &publish_connection],
-            close,
-        )
-        .await;
+        close_all(&[&consume_connection, &publish_connection], close).await;
         if let Err(e) = &result {
             error!(error = %e, "the worker stops");
         }
@@ -340,11 +335,8 @@ async fn drain(
     first_error.map_or(Ok(()), |e| Err(e.into()))
 }
 
-/// Closes the channels and connections, each within `timeout`.
-async fn close_all(channels: &[&Channel], connections: &[&Connection], timeout: Duration) {
-    for channel in channels {
-        let _ = tokio::time::timeout(timeout, channel.close(200, "worker stopping".into())).await;
-    }
+/// Closes the connections (and so their channels), each within `timeout`.
+async fn close_all(connections: &[&Connection], timeout: Duration) {
     for connection in connections {
         let _ =
             tokio::time::timeout(timeout, connection.close(200, "worker stopping".into())).await;

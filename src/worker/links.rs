@@ -42,7 +42,8 @@ pub struct Links {
     pub consume_events: Events,
     pub publish_events: Events,
     pub consume: Channel,
-    pub publish: Channel,
+    /// One channel in confirm mode per delivery that may be in flight.
+    pub publish: Vec<Channel>,
     pub consumer: Consumer,
 }
 
@@ -66,10 +67,14 @@ pub async fn open(plan: &Plan<'_>, health: &Health) -> Result<Links, WorkerError
         consume
             .basic_qos(plan.prefetch, BasicQosOptions::default())
             .await?;
-        let publish = publish_connection.create_channel().await?;
-        publish
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
+        let mut publish = Vec::with_capacity(plan.prefetch.into());
+        for _ in 0..plan.prefetch {
+            let channel = publish_connection.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            publish.push(channel);
+        }
         let consumer = consume
             .basic_consume(
                 plan.queue.into(),

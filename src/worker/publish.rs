@@ -1,8 +1,13 @@
 //! Parking a request in the retry exchange and dead-lettering it, through
 //! [`publish_confirmed`]: a publish counts only when the broker confirmed it and routed it
-//! somewhere within the publish timeout.
+//! somewhere within the publish timeout. Each publish has a channel of its own while it is
+//! in flight, so a returned message can only be its own.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use tokio::sync::Mutex;
 
 use lapin::types::{AMQPValue, LongString};
 use lapin::{BasicProperties, Channel};
@@ -17,7 +22,9 @@ use crate::text::truncate;
 /// Publishes the requests a worker parks or gives up on.
 #[derive(Clone)]
 pub struct Publisher {
-    channel: Channel,
+    /// Channels in confirm mode, one per delivery that may be in flight.
+    channels: Arc<[Mutex<Channel>]>,
+    next: Arc<AtomicUsize>,
     /// The worker's own broker user; RabbitMQ refuses a publish whose user-id is another.
     user_id: String,
     routing_key: String,
@@ -27,9 +34,10 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    /// `channel` must be in confirm mode.
+    /// `channels` must be in confirm mode, and not empty: as many as deliveries may be in
+    /// flight, so that no publish waits for another.
     pub fn new(
-        channel: Channel,
+        channels: Vec<Channel>,
         user_id: &str,
         routing_key: &str,
         retry_exchange: &str,
@@ -37,7 +45,8 @@ impl Publisher {
         timeout: Duration,
     ) -> Self {
         Self {
-            channel,
+            channels: channels.into_iter().map(Mutex::new).collect(),
+            next: Arc::new(AtomicUsize::new(0)),
             user_id: user_id.to_string(),
             routing_key: routing_key.to_string(),
             retry_exchange: retry_exchange.to_string(),
@@ -101,8 +110,22 @@ impl Publisher {
         properties: BasicProperties,
         body: &[u8],
     ) -> Result<(), PublishError> {
+        let n = self.channels.len().max(1);
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let free = (0..n).find_map(|i| self.channels.get((start + i) % n)?.try_lock().ok());
+        let channel = match free {
+            Some(channel) => channel,
+            None => match self.channels.get(start) {
+                Some(channel) => channel.lock().await,
+                None => {
+                    return Err(PublishError::NoChannel {
+                        exchange: exchange.to_string(),
+                    });
+                }
+            },
+        };
         publish_confirmed(
-            &self.channel,
+            &channel,
             exchange,
             &self.routing_key,
             properties,

@@ -49,12 +49,7 @@ impl InProcess {
 
     /// `mailer_worker_deliveries_total{outcome}` now.
     pub fn settled(&self, outcome: &str) -> u64 {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("encode");
-        let series = format!("mailer_worker_deliveries_total{{outcome=\"{outcome}\"}} ");
-        text.lines()
-            .find_map(|line| line.strip_prefix(series.as_str()))
-            .map_or(0, |n| n.trim().parse().expect("a count"))
+        settled(&self.registry, outcome)
     }
 
     pub async fn stop(mut self) -> Result<(), WorkerError> {
@@ -66,4 +61,14 @@ impl InProcess {
             .expect("the worker stops within 30s")
             .expect("the worker's task")
     }
+}
+
+/// `mailer_worker_deliveries_total{outcome}` in `registry` now.
+pub fn settled(registry: &Registry, outcome: &str) -> u64 {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).expect("encode");
+    let series = format!("mailer_worker_deliveries_total{{outcome=\"{outcome}\"}} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(series.as_str()))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
 }

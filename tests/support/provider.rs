@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use mailer::message::Mail;
-use mailer::provider::{Provider, SendError};
+use mailer::provider::{ErrorClass, Provider, SendError};
 
 /// A provider that records every mail it sent, panics for recipients whose local part
-/// starts with `panic`, and takes `delay` for each send.
+/// starts with `panic`, fails for now for those starting with `later`, and takes `delay`
+/// for each send.
 #[derive(Debug, Default)]
 pub struct TestProvider {
     pub delay: Duration,
@@ -36,6 +37,14 @@ impl Provider for TestProvider {
                 panic!("the test provider panics for {id}");
             }
             tokio::time::sleep(self.delay).await;
+            if mail
+                .envelope()
+                .to()
+                .iter()
+                .any(|to| to.user().starts_with("later"))
+            {
+                return Err(SendError::for_now(ErrorClass::TemporaryReply, "450 later"));
+            }
             self.sent.lock().unwrap().push(id);
             Ok(())
         })
