@@ -82,6 +82,21 @@ async fn sigterm_while_connecting_to_a_silent_peer_stops_at_once_and_the_probes_
 }
 
 #[tokio::test]
+async fn a_broker_that_refuses_connections_is_given_up_after_five_attempts_with_backoff() {
+    let amqp = format!("amqp://guest:guest@127.0.0.1:{}/%2f", free_port());
+    let started = std::time::Instant::now();
+    let mut worker = start_worker_with(&amqp, "discard://", &[("MAIL_CONNECT_TIMEOUT", "1s")]);
+    let status = exit_within(&mut worker, Duration::from_secs(40));
+    assert!(!status.success(), "giving up exits non-zero");
+    // Waits of 1, 2, 4 and 8 seconds between the five attempts.
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(15) && took < Duration::from_secs(25),
+        "{took:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_panicking_provider_never_leaks_a_delivery() {
     let vhost = pipeline("panic", "").await;
     let connection = vhost.connect().await;

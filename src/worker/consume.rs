@@ -342,3 +342,28 @@ async fn close_all(connections: &[&Connection], timeout: Duration) {
             tokio::time::timeout(timeout, connection.close(200, "worker stopping".into())).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_delivery_in_flight_longer_than_the_bound_is_no_progress() {
+        let mut in_flight = InFlight {
+            tasks: JoinSet::new(),
+            started: HashMap::new(),
+        };
+        assert!(
+            in_flight.progressing(Duration::from_secs(1)),
+            "none in flight"
+        );
+        in_flight.spawn(std::future::pending());
+        assert!(in_flight.progressing(Duration::from_secs(1)));
+        for started in in_flight.started.values_mut() {
+            *started -= Duration::from_secs(2);
+        }
+        assert!(!in_flight.progressing(Duration::from_secs(1)));
+        assert_eq!(in_flight.abandon().await, 1);
+        assert!(in_flight.progressing(Duration::from_secs(1)));
+    }
+}
