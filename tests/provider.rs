@@ -5,6 +5,9 @@
 
 pub mod support;
 
+#[path = "provider/tls.rs"]
+mod tls;
+
 use std::process::Command;
 
 use mailer::message::{Mail, parse_request};
@@ -12,7 +15,7 @@ use mailer::provider::{self, ErrorClass};
 use serde_json::json;
 use support::smtp::{SmtpServer, TempDir, closed_port};
 
-fn mail(to: &[&str], message_id: &str) -> Mail {
+pub fn mail(to: &[&str], message_id: &str) -> Mail {
     mail_from("Shop <noreply@shop.example>", to, message_id)
 }
 

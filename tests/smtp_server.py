@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """An SMTP server for the provider tests, built on aiosmtpd (pip install aiosmtpd).
 
-    python3 tests/smtp_server.py PORT MAIL_DIR
+    python3 tests/smtp_server.py PORT MAIL_DIR [starttls|implicit CERT KEY]
+
+With starttls it offers STARTTLS with CERT and KEY (PEM); with implicit it speaks TLS
+from the first byte (smtps).
 
 Listens on 127.0.0.1:PORT (0 picks a free port) and prints "READY <port>" once it
 accepts connections. It answers each RCPT by the local part of the address:
@@ -25,6 +28,7 @@ Exits on SIGTERM or SIGINT.
 import itertools
 import os
 import signal
+import ssl
 import sys
 import threading
 
@@ -103,16 +107,22 @@ class AnyPortController(Controller):
 
 
 def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: smtp_server.py PORT MAIL_DIR")
+    if len(sys.argv) not in (3, 6):
+        sys.exit("usage: smtp_server.py PORT MAIL_DIR [starttls|implicit CERT KEY]")
     port, mail_dir = int(sys.argv[1]), sys.argv[2]
     os.makedirs(mail_dir, exist_ok=True)
+    tls = {}
+    if len(sys.argv) == 6:
+        mode, cert, key = sys.argv[3:]
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        tls = {"tls_context": context} if mode == "starttls" else {"ssl_context": context}
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
-    controller = AnyPortController(Handler(mail_dir), hostname="127.0.0.1", port=port)
+    controller = AnyPortController(Handler(mail_dir), hostname="127.0.0.1", port=port, **tls)
     controller.start()
     print(f"READY {controller.port}", flush=True)
     try:

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use lettre::transport::smtp::authentication::{Credentials, Mechanism};
-use lettre::transport::smtp::client::{AsyncSmtpConnection, TlsParameters};
+use lettre::transport::smtp::client::{AsyncSmtpConnection, Certificate, TlsParameters};
 use lettre::transport::smtp::commands::{Data, Mail as MailCommand, Rcpt, Rset};
 use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
 use tokio::sync::Semaphore;
@@ -56,16 +56,42 @@ struct PooledConnection {
 }
 
 impl SmtpProvider {
-    /// Prepares the provider; it connects only when the first mail is sent.
-    pub fn new(settings: SmtpSettings) -> Result<Self, ProviderUrlError> {
+    /// Prepares the provider; it connects only when the first mail is sent. The server's
+    /// certificate must chain to a public CA (webpki's roots) or to `ca_pem`, a PEM
+    /// certificate (`MAIL_PROVIDER_CA_FILE`) for an internal relay.
+    pub fn new(settings: SmtpSettings, ca_pem: Option<&[u8]>) -> Result<Self, ProviderUrlError> {
+        let unusable = |problem: String| ProviderUrlError::Invalid {
+            url: settings.to_string(),
+            problem,
+        };
         let tls = match settings.security {
             Security::Plaintext => None,
-            _ => Some(TlsParameters::new(settings.host.clone()).map_err(|e| {
-                ProviderUrlError::Invalid {
-                    url: settings.to_string(),
-                    problem: format!("cannot set up TLS: {e}"),
+            _ => {
+                let mut builder = TlsParameters::builder(settings.host.clone());
+                if let Some(pem) = ca_pem {
+                    // lettre takes a PEM file without a certificate as no certificate.
+                    let has_certificate = std::str::from_utf8(pem)
+                        .is_ok_and(|text| text.contains("-----BEGIN CERTIFICATE-----"));
+                    if !has_certificate {
+                        return Err(unusable(
+                            "MAIL_PROVIDER_CA_FILE holds no PEM certificate \
+                             (-----BEGIN CERTIFICATE-----)"
+                                .to_string(),
+                        ));
+                    }
+                    let ca = Certificate::from_pem(pem).map_err(|e| {
+                        unusable(format!(
+                            "MAIL_PROVIDER_CA_FILE is not a PEM certificate ({e})"
+                        ))
+                    })?;
+                    builder = builder.add_root_certificate(ca);
                 }
-            })?),
+                Some(
+                    builder
+                        .build()
+                        .map_err(|e| unusable(format!("cannot set up TLS: {e}")))?,
+                )
+            }
         };
         let hello = settings
             .hello

@@ -15,6 +15,10 @@ pub struct WorkerArgs {
     /// file:///dir or discard://
     #[arg(long, env = "MAIL_PROVIDER_URL", hide_env_values = true)]
     pub provider_url: String,
+    /// A CA certificate (PEM) to trust, besides the public ones, for TLS to the provider,
+    /// e.g. an internal relay's.
+    #[arg(long, env = "MAIL_PROVIDER_CA_FILE")]
+    pub provider_ca_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub tuning: WorkerTuning,
 }
@@ -108,7 +112,8 @@ impl WorkerArgs {
     /// Checks every value and builds the worker, or names the first value that is wrong.
     pub fn into_worker(self) -> Result<Worker, ConfigError> {
         let user = amqp_user(&self.amqp_url)?;
-        let provider = crate::provider::from_url(&self.provider_url)?;
+        let provider =
+            crate::provider::from_url_with(&self.provider_url, self.provider_ca_file.as_deref())?;
         let t = self.tuning;
         Ok(Worker {
             amqp_url: self.amqp_url,

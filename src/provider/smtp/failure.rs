@@ -83,7 +83,10 @@ impl Cause {
         if error.is_timeout() {
             Self::Timeout(text)
         } else if error.is_tls() || caused_by_tls(error) {
-            Self::Tls(text)
+            match tls_advice(error) {
+                Some(advice) => Self::Tls(format!("{text}; {advice}")),
+                None => Self::Tls(text),
+            }
         } else if error.is_response() && text.ends_with(LETTRE_CONNECTION_CLOSED) {
             Self::Io("the server closed the connection".into())
         } else if error.is_response() || error.is_client() {
@@ -174,21 +177,48 @@ pub(super) fn refused_recipients(refusals: Vec<StepError>) -> StepError {
 /// Whether rustls is behind an error: lettre reports a failed handshake as a
 /// connection error around an I/O error around the rustls error.
 pub(super) fn caused_by_tls(error: &(dyn std::error::Error + 'static)) -> bool {
+    rustls_error(error).is_some()
+}
+
+fn rustls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
     let mut cause = Some(error);
     while let Some(error) = cause {
-        if error.is::<rustls::Error>() {
-            return true;
+        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+            return Some(tls);
         }
-        if let Some(io) = error.downcast_ref::<std::io::Error>()
-            && io
-                .get_ref()
-                .is_some_and(|inner| inner.is::<rustls::Error>())
+        if let Some(tls) = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
         {
-            return true;
+            return Some(tls);
         }
         cause = error.source();
     }
-    false
+    None
+}
+
+/// What to do about a certificate the worker refused, when the TLS error says why.
+pub(super) fn tls_advice(error: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    use rustls::CertificateError as Why;
+    let rustls::Error::InvalidCertificate(why) = rustls_error(error)? else {
+        return None;
+    };
+    Some(match why {
+        Why::UnknownIssuer => {
+            "the server's certificate is not signed by a CA this worker trusts: for an internal relay, set MAIL_PROVIDER_CA_FILE to its CA certificate (PEM)"
+        }
+        Why::Expired | Why::ExpiredContext { .. } => {
+            "the server's certificate has expired: the relay's operator must renew it"
+        }
+        Why::NotValidYet | Why::NotValidYetContext { .. } => {
+            "the server's certificate is not valid yet: check the clocks of the relay and the worker"
+        }
+        Why::NotValidForName | Why::NotValidForNameContext { .. } => {
+            "the server's certificate is not for the host in MAIL_PROVIDER_URL: use the name it was issued for"
+        }
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
