@@ -229,6 +229,12 @@ async fn a_server_without_starttls_is_refused_when_tls_is_required() {
         .expect_err("no STARTTLS");
     assert!(!error.is_for_good(), "{error}");
     assert_eq!(error.class(), ErrorClass::Tls);
+    assert!(
+        error
+            .to_string()
+            .contains("use tls=opportunistic or tls=none"),
+        "says what to fix: {error}"
+    );
     assert!(server.mails().is_empty());
 }
 
