@@ -1,4 +1,4 @@
-.PHONY: build test test-rabbitmq4 lint bench demo crd image manifests
+.PHONY: build test test-rabbitmq4 faults lint bench demo crd image manifests
 
 # The crate's version: the image's tag and the chart's appVersion.
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
@@ -17,7 +17,23 @@ test:
 
 # The integration tests whose subject is the broker's behaviour, on RabbitMQ 4.0.
 test-rabbitmq4:
-	MAILER_TEST_BROKER=4.0 cargo test --locked --test topology --test worker --test dead
+	MAILER_TEST_BROKER=4.0 cargo test --locked --test topology --test worker --test resilience --test dead
+
+# The fault suite (docs/reliability.md): the worker, restarted as a kubelet would,
+# against a private RabbitMQ node of each version (.ci/rabbitmq-node.sh: never the shared
+# brokers) that it stops, alarms and strips of its queues, and an SMTP server that hangs
+# or cuts sessions; one fault at a time. Prints the fault table (kept in
+# target/faults.md). Needs root, and the RabbitMQ 4.0 root of .ci/rabbitmq4.sh.
+faults:
+	cargo test --locked --no-run --test faults
+	@printf '%s\n' '| broker | fault | published | delivered | twice | dead-lettered | waiting | lost | exit, recovery, probes (livez, readyz, metrics) |' \
+	  '|---|---|---|---|---|---|---|---|---|' > target/faults.md
+	@for v in 3.10 4.0; do \
+	  .ci/rabbitmq-node.sh start $$v || exit 1; \
+	  MAILER_FAULT_BROKER=$$v cargo test --locked --test faults -- --ignored --test-threads=1; s=$$?; \
+	  .ci/rabbitmq-node.sh stop $$v; [ $$s -eq 0 ] || exit $$s; \
+	done
+	@cat target/faults.md
 
 lint:
 	cargo fmt --check

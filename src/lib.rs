@@ -3,15 +3,18 @@
 //! The core (`mail`, `spec`, `topology`, `worker`, `provider`, `dead`) has no Kubernetes in it;
 //! `controller` is the kube-runtime glue around it.
 
+pub mod amqp;
 pub mod cli;
 pub mod controller;
 pub mod dead;
 pub mod mail;
 pub mod manifest;
+pub mod message;
 pub mod provider;
 pub mod redact;
 pub mod spec;
 pub mod telemetry;
+pub mod text;
 pub mod topology;
 pub mod worker;
 

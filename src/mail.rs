@@ -41,8 +41,9 @@ pub const MAIL_HEADER_PREFIX: &str = "x-mail-";
 /// tables with `reason`, `queue`, `time`, `count`, `exchange` and `routing-keys`.
 pub const DEATH_HEADER: &str = "x-death";
 
-/// The largest `x-mail-dead-error` value, in bytes, so a header frame never overflows.
-pub const MAX_DEAD_ERROR_BYTES: usize = 4096;
+/// The longest `x-mail-dead-error` value, in characters (16 KiB at most), so a header
+/// frame stays far within the broker's frame size.
+pub const MAX_DEAD_ERROR_CHARS: usize = 4096;
 
 /// Attempts before a request that keeps failing for now is given up.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;

@@ -3,9 +3,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use mailer::cli;
+use mailer::message::request_schema;
 use mailer::telemetry::{self, LogFormat};
 use mailer::worker::WorkerArgs;
-use mailer::worker::request::request_schema;
 
 /// A mail-sending pipeline on RabbitMQ: operator, worker and tools in one binary.
 #[derive(Parser)]

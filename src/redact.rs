@@ -9,18 +9,22 @@ pub const MASK: &str = "***";
 /// after its scheme, since it may still hold a password.
 pub fn redact_url(url: &str) -> String {
     match Url::parse(url) {
-        Ok(mut parsed) => {
-            if parsed.password().is_some() {
-                // Setting a password only fails for URLs that cannot have one.
-                let _ = parsed.set_password(Some(MASK));
-            }
-            parsed.to_string()
-        }
+        Ok(parsed) => redacted(&parsed),
         Err(_) => match url.split_once("://") {
             Some((scheme, _)) => format!("{scheme}://{MASK}"),
             None => MASK.to_string(),
         },
     }
+}
+
+/// `url` with its password, if any, replaced by [`MASK`].
+pub fn redacted(url: &Url) -> String {
+    let mut shown = url.clone();
+    if shown.password().is_some() {
+        // Setting a password only fails for URLs that cannot have one, and this one has one.
+        let _ = shown.set_password(Some(MASK));
+    }
+    shown.to_string()
 }
 
 /// A URL's user name and password, percent-decoded.
@@ -53,6 +57,9 @@ mod tests {
         );
         assert_eq!(redact_url("amqp://u:p@[bad"), "amqp://***");
         assert_eq!(redact_url("nonsense"), "***");
+        let url = Url::parse("smtp://user:pw@host:587?tls=required").unwrap();
+        assert_eq!(redacted(&url), "smtp://user:***@host:587?tls=required");
+        assert_eq!(redacted(&Url::parse("smtp://host").unwrap()), "smtp://host");
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub fn init_logging(default_level: &str, format: LogFormat) {
 #[derive(Debug)]
 pub struct Health {
     ready: AtomicBool,
+    /// Why the role is not ready, for `/readyz`'s answer.
+    not_ready_because: std::sync::Mutex<&'static str>,
     last_beat: AtomicU64,
     stall_after: Duration,
 }
@@ -61,6 +63,7 @@ impl Health {
     pub fn new(stall_after: Duration) -> Arc<Self> {
         let health = Self {
             ready: AtomicBool::new(false),
+            not_ready_because: std::sync::Mutex::new("starting"),
             last_beat: AtomicU64::new(0),
             stall_after,
         };
@@ -74,6 +77,22 @@ impl Health {
 
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// Not ready, and why (shown by `/readyz`).
+    pub fn set_not_ready(&self, because: &'static str) {
+        *self
+            .not_ready_because
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = because;
+        self.set_ready(false);
+    }
+
+    fn not_ready_because(&self) -> &'static str {
+        *self
+            .not_ready_because
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub fn is_ready(&self) -> bool {
@@ -169,9 +188,13 @@ async fn livez(State(served): State<Served>) -> impl IntoResponse {
 
 async fn readyz(State(served): State<Served>) -> impl IntoResponse {
     if served.health.is_ready() {
-        (StatusCode::OK, "ready\n")
+        (StatusCode::OK, "ready\n".to_string())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+        let because = served.health.not_ready_because();
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {because}\n"),
+        )
     }
 }
 
@@ -195,5 +218,8 @@ mod tests {
         assert!(!health.is_ready());
         health.set_ready(true);
         assert!(health.is_ready());
+        health.set_not_ready("blocked");
+        assert!(!health.is_ready());
+        assert_eq!(health.not_ready_because(), "blocked");
     }
 }

@@ -5,16 +5,23 @@
 
 pub mod support;
 
+#[path = "provider/tls.rs"]
+mod tls;
+
 use std::process::Command;
 
+use mailer::message::{Mail, parse_request};
 use mailer::provider::{self, ErrorClass};
-use mailer::worker::request::{Mail, parse_request};
 use serde_json::json;
 use support::smtp::{SmtpServer, TempDir, closed_port};
 
-fn mail(to: &[&str], message_id: &str) -> Mail {
+pub fn mail(to: &[&str], message_id: &str) -> Mail {
+    mail_from("Shop <noreply@shop.example>", to, message_id)
+}
+
+fn mail_from(from: &str, to: &[&str], message_id: &str) -> Mail {
     let request = json!({
-        "from": "Shop <noreply@shop.example>",
+        "from": from,
         "to": to,
         "subject": "Your order",
         "text": "Thanks for your order.",
@@ -152,6 +159,51 @@ async fn a_450_then_a_550_recipient_fails_for_good_and_sends_nothing() {
 }
 
 #[tokio::test]
+async fn a_5xx_to_the_session_fails_for_now_so_a_misconfigured_relay_dead_letters_nothing() {
+    let server = SmtpServer::start();
+    let provider = server.provider("");
+    let cases = [
+        ("noreply+530@shop.example", ErrorClass::Auth, "530 5.7.0"),
+        (
+            "noreply+554@shop.example",
+            ErrorClass::Protocol,
+            "554 5.7.1",
+        ),
+    ];
+    for (from, class, reply) in cases {
+        let error = provider
+            .send(&mail_from(from, &["ok@example.com"], "session"))
+            .await
+            .expect_err("refused");
+        assert!(!error.is_for_good(), "{error}");
+        assert_eq!(error.class(), class, "{error}");
+        assert!(error.to_string().contains(reply), "{error}");
+    }
+    assert!(server.mails().is_empty());
+}
+
+#[tokio::test]
+async fn a_550_recipient_then_a_closing_server_fails_for_good() {
+    let server = SmtpServer::start();
+    let error = server
+        .provider("")
+        .send(&mail(
+            &["gone+550@example.com", "later+421@example.com"],
+            "closing",
+        ))
+        .await
+        .expect_err("refused");
+    assert!(error.is_for_good(), "{error}");
+    assert_eq!(error.class(), ErrorClass::PermanentReply);
+    let message = error.to_string();
+    assert!(
+        message.contains("550 5.1.1") && message.contains("421 4.3.2"),
+        "{message}"
+    );
+    assert!(server.mails().is_empty());
+}
+
+#[tokio::test]
 async fn a_closed_port_fails_for_now() {
     let provider = provider::from_url(&format!(
         "smtp://127.0.0.1:{}?tls=none&timeout=5s",
@@ -177,6 +229,12 @@ async fn a_server_without_starttls_is_refused_when_tls_is_required() {
         .expect_err("no STARTTLS");
     assert!(!error.is_for_good(), "{error}");
     assert_eq!(error.class(), ErrorClass::Tls);
+    assert!(
+        error
+            .to_string()
+            .contains("use tls=opportunistic or tls=none"),
+        "says what to fix: {error}"
+    );
     assert!(server.mails().is_empty());
 }
 

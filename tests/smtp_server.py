@@ -1,14 +1,23 @@
 #!/usr/bin/env python3
 """An SMTP server for the provider tests, built on aiosmtpd (pip install aiosmtpd).
 
-    python3 tests/smtp_server.py PORT MAIL_DIR
+    python3 tests/smtp_server.py PORT MAIL_DIR [starttls|implicit CERT KEY]
+
+With starttls it offers STARTTLS with CERT and KEY (PEM); with implicit it speaks TLS
+from the first byte (smtps).
 
 Listens on 127.0.0.1:PORT (0 picks a free port) and prints "READY <port>" once it
 accepts connections. It answers each RCPT by the local part of the address:
 
     anything+450@...  ->  450 4.2.0 mailbox busy
     anything+550@...  ->  550 5.1.1 no such user
+    anything+421@...  ->  421 4.3.2 shutting down
     anything else     ->  250 OK
+
+and each MAIL FROM by the sender's local part: +530 -> 530 5.7.0 authentication
+required, +554 -> 554 5.7.1 relaying denied. A recipient +451once@... makes the end of
+DATA answer 451 the first time that address is seen (the mail is not stored; its
+Message-ID is appended to MAIL_DIR/refused.log), and 250 after.
 
 Each accepted mail is stored as MAIL_DIR/<n>.eml (written to a temporary name and then
 renamed, so a reader never sees half a mail). Each EHLO or HELO, that is each SMTP
@@ -19,6 +28,7 @@ Exits on SIGTERM or SIGINT.
 import itertools
 import os
 import signal
+import ssl
 import sys
 import threading
 
@@ -29,6 +39,7 @@ class Handler:
     def __init__(self, mail_dir):
         self.mail_dir = mail_dir
         self.numbers = itertools.count(1)
+        self.refused_once = set()
 
     def _log_session(self, hostname):
         with open(os.path.join(self.mail_dir, "sessions.log"), "a") as log:
@@ -44,8 +55,20 @@ class Handler:
         self._log_session(hostname)
         return f"250 {server.hostname}"
 
+    async def handle_MAIL(self, server, session, envelope, address, mail_options):
+        local_part = address.rsplit("@", 1)[0]
+        if local_part.endswith("+530"):
+            return "530 5.7.0 Authentication required"
+        if local_part.endswith("+554"):
+            return "554 5.7.1 Relaying denied"
+        envelope.mail_from = address
+        envelope.mail_options.extend(mail_options)
+        return "250 OK"
+
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
         local_part = address.rsplit("@", 1)[0]
+        if local_part.endswith("+421"):
+            return "421 4.3.2 shutting down"
         if local_part.endswith("+450"):
             return "450 4.2.0 mailbox busy"
         if local_part.endswith("+550"):
@@ -54,6 +77,16 @@ class Handler:
         return "250 OK"
 
     async def handle_DATA(self, server, session, envelope):
+        once = [a for a in envelope.rcpt_tos if a.rsplit("@", 1)[0].endswith("+451once")]
+        if once and once[0] not in self.refused_once:
+            self.refused_once.add(once[0])
+            message_id = next(
+                (line.split(":", 1)[1].strip() for line in
+                 envelope.original_content.decode("utf-8", "replace").splitlines()
+                 if line.lower().startswith("message-id:")), "")
+            with open(os.path.join(self.mail_dir, "refused.log"), "a") as log:
+                log.write(f"{message_id}\n")
+            return "451 4.3.0 try again later"
         number = next(self.numbers)
         final = os.path.join(self.mail_dir, f"{number}.eml")
         temporary = os.path.join(self.mail_dir, f".{number}.tmp")
@@ -74,16 +107,22 @@ class AnyPortController(Controller):
 
 
 def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: smtp_server.py PORT MAIL_DIR")
+    if len(sys.argv) not in (3, 6):
+        sys.exit("usage: smtp_server.py PORT MAIL_DIR [starttls|implicit CERT KEY]")
     port, mail_dir = int(sys.argv[1]), sys.argv[2]
     os.makedirs(mail_dir, exist_ok=True)
+    tls = {}
+    if len(sys.argv) == 6:
+        mode, cert, key = sys.argv[3:]
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        tls = {"tls_context": context} if mode == "starttls" else {"ssl_context": context}
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
-    controller = AnyPortController(Handler(mail_dir), hostname="127.0.0.1", port=port)
+    controller = AnyPortController(Handler(mail_dir), hostname="127.0.0.1", port=port, **tls)
     controller.start()
     print(f"READY {controller.port}", flush=True)
     try:

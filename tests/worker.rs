@@ -4,6 +4,10 @@
 
 pub mod support;
 
+mod worker {
+    pub mod identity;
+}
+
 use std::collections::BTreeSet;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -11,29 +15,14 @@ use std::time::{Duration, Instant};
 use lapin::options::{BasicAckOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel};
-use mailer::spec::MailerPipelineSpec;
-use mailer::topology::{self, Topology};
 use serde_json::json;
-use support::broker::{TestVhost, confirming_channel, get_within, management, publish, text};
+use support::broker::{TestVhost, confirming_channel, get_within, publish, text};
 use support::process::exit_within;
 use support::smtp::{SmtpServer, closed_port};
 
 /// Applies the default topology with a short retry delay to a fresh vhost.
 async fn pipeline(test: &str) -> TestVhost {
-    let vhost = TestVhost::fresh(test);
-    let spec: MailerPipelineSpec = serde_yaml::from_str(&format!(
-        "rabbitmq: {{vhost: {}}}\ntopology: {{retryDelay: 1s}}",
-        vhost.name
-    ))
-    .unwrap();
-    let capabilities = support::broker::TestBroker::get().capabilities();
-    topology::apply(
-        &management(),
-        &Topology::desired(&spec.rabbitmq.vhost, &spec.topology, capabilities).unwrap(),
-    )
-    .await
-    .expect("topology");
-    vhost
+    support::broker::pipeline(test, "").await
 }
 
 fn start_worker(vhost: &TestVhost, provider_url: &str, max_attempts: u32) -> Child {
@@ -341,7 +330,10 @@ async fn an_unroutable_park_stops_the_worker_and_the_delivery_limit_dead_letters
     .await;
 
     // The provider refuses the connection (failed for now), the park is returned as
-    // unroutable, so each worker exits non-zero without acking; the broker redelivers.
+    // unroutable, so each worker rejects the delivery with requeue and exits non-zero.
+    // Each run returns it once (the reject) or twice (when the broker redelivered it to
+    // the stopping worker, whose channel then closed): every return counts toward the
+    // delivery limit of 5 on RabbitMQ 3.x and 4.x, and the sixth dead-letters it.
     let provider = format!("smtp://127.0.0.1:{}?tls=none&timeout=2s", closed_port());
     let mut runs = 0;
     loop {
@@ -376,9 +368,9 @@ async fn an_unroutable_park_stops_the_worker_and_the_delivery_limit_dead_letters
             break;
         }
     }
-    assert_eq!(
-        runs, 6,
-        "five redeliveries are allowed, the sixth return dead-letters it"
+    assert!(
+        (3..=6).contains(&runs),
+        "five returns are allowed, the sixth dead-letters it: {runs} runs"
     );
     let dead = get_within(&channel, "mail.send.dead", Duration::from_secs(10))
         .await

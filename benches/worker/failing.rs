@@ -4,8 +4,8 @@
 use std::fmt;
 
 use futures::future::BoxFuture;
+use mailer::message::Mail;
 use mailer::provider::{ErrorClass, Provider, SendError};
-use mailer::worker::request::Mail;
 
 #[derive(Debug)]
 pub struct FailingProvider;

@@ -9,6 +9,7 @@ use anyhow::{Result, anyhow, bail};
 use mailer::provider::Provider;
 use mailer::telemetry::Health;
 use mailer::worker::Worker;
+use mailer::worker::config::Timeouts;
 use mailer::worker::metrics::WorkerMetrics;
 use prometheus_client::registry::Registry;
 
@@ -42,7 +43,7 @@ pub async fn run_worker(
         retry_exchange: t.retry_exchange.clone(),
         dead_exchange: t.dead_exchange.clone(),
         send_key: t.queue.clone(),
-        shutdown_timeout: Duration::from_secs(30),
+        timeouts: Timeouts::default(),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let run = worker.run(metrics, health.clone(), async {

@@ -43,8 +43,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use mailer::message::parse_request;
 use mailer::provider;
-use mailer::worker::request::parse_request;
 
 use broker::{BenchVhost, PREFETCH, bare_ack, bare_park};
 use inproc::run_worker;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
+use mailer::message::Mail;
 use mailer::provider::Provider;
-use mailer::worker::request::Mail;
 
 const START_LIMIT: Duration = Duration::from_secs(30);
 

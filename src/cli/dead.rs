@@ -225,7 +225,7 @@ pub async fn run(args: DeadArgs) -> Result<()> {
             let target = source.target()?;
             let user = amqp_user(&target.amqp_url)?;
             let options = ReplayOptions { dry_run, rate };
-            let stop = super::worker::shutdown_signal();
+            let stop = crate::worker::serve::stop_signal()?;
             replay::replay(&target, &filters.into(), options, &user, stop, &mut out).await?;
         }
         DeadAction::Purge {

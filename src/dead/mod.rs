@@ -22,7 +22,7 @@ use std::time::SystemTime;
 
 use lapin::message::Delivery;
 
-use crate::worker::publish::PublishError;
+use crate::amqp::{ConnectError, PublishError};
 
 /// Where a pipeline's dead letters are, and where a replay sends them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,10 +39,8 @@ pub struct Target {
 /// Why a `mailer dead` command could not finish.
 #[derive(Debug, thiserror::Error)]
 pub enum DeadError {
-    #[error(
-        "cannot connect to the broker at {url}: {source}; check that RabbitMQ is running and the URL and credentials are right"
-    )]
-    Connect { url: String, source: lapin::Error },
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     #[error(
         "there is no queue {queue} in the vhost: check the pipeline file (or --queue) and the vhost of the AMQP URL"
     )]

@@ -35,10 +35,11 @@ use lapin::options::{
     ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties, Consumer};
+use lapin::{Channel, Connection, Consumer};
 
 use super::DeadError;
-use crate::redact::redact_url;
+use crate::amqp::connect;
+use crate::amqp::connect::DEFAULT_CONNECT_TIMEOUT;
 
 /// How many deliveries one consumer of a pass holds. The broker sends a consumer as many
 /// as it may hold at once, so this bounds the deliveries waiting in memory; a bigger queue
@@ -105,13 +106,7 @@ struct Window {
 impl DeadQueue {
     /// Connects to the broker and checks that `queue` exists.
     pub async fn open(amqp_url: &str, queue: &str) -> Result<Self, DeadError> {
-        let properties = ConnectionProperties::default().with_connection_name("mailer-dead".into());
-        let connection = Connection::connect(amqp_url, properties)
-            .await
-            .map_err(|source| DeadError::Connect {
-                url: redact_url(amqp_url),
-                source,
-            })?;
+        let connection = connect(amqp_url, "mailer-dead", DEFAULT_CONNECT_TIMEOUT).await?;
         let queue = Self {
             connection,
             name: queue.to_string(),

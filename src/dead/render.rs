@@ -8,7 +8,8 @@ use std::time::SystemTime;
 use serde::Serialize;
 
 use super::letter::DeadLetter;
-use super::value::{cut, cut_middle, one_line, rfc3339};
+use super::value::{one_line, rfc3339};
+use crate::text::{truncate, truncate_middle};
 
 /// The widest a table column that holds a request's text may be, in characters.
 const MAX_TO: usize = 40;
@@ -95,12 +96,13 @@ fn row(letter: &DeadLetter) -> [String; 7] {
         one_line(&letter.reason),
         letter.attempts.map_or("-".to_string(), |n| n.to_string()),
         letter.dead_at.map_or("-".to_string(), rfc3339),
-        cut(&one_line(&to), MAX_TO),
-        cut(
+        truncate(&one_line(&to), MAX_TO).into_owned(),
+        truncate(
             &one_line(letter.subject.as_deref().unwrap_or("-")),
             MAX_SUBJECT,
-        ),
-        cut_middle(&one_line(letter.error.as_deref().unwrap_or("-")), MAX_ERROR),
+        )
+        .into_owned(),
+        truncate_middle(&one_line(letter.error.as_deref().unwrap_or("-")), MAX_ERROR).into_owned(),
     ]
 }
 

@@ -20,8 +20,9 @@ use tracing::Instrument;
 use super::queue::{DeadQueue, Verdict};
 use super::value::{dead_letters, one_line};
 use super::{DeadError, Filter, Target, for_each_match};
+use crate::amqp::publish::DEFAULT_PUBLISH_TIMEOUT;
+use crate::amqp::{publish_confirmed, republished};
 use crate::mail::REPLAYS_HEADER;
-use crate::worker::publish::{publish_confirmed, republished};
 
 /// At most this many replays a second: `10/s`, `600/m`, `0.5/s` or `10`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -74,11 +75,7 @@ pub struct ReplayOptions {
 /// its way again.
 pub fn fresh_request(original: &BasicProperties, replays: u32, user: &str) -> BasicProperties {
     let ours = [(REPLAYS_HEADER, AMQPValue::LongLongInt(replays.into()))];
-    let properties = republished(original, &ours, user);
-    match original.priority() {
-        Some(priority) => properties.with_priority(*priority),
-        None => properties,
-    }
+    republished(original, &ours, user)
 }
 
 /// Replays the dead letters that match `filter`, in their order, until done or until
@@ -131,6 +128,7 @@ pub async fn replay(
             &target.send_key,
             properties,
             &delivery.data,
+            DEFAULT_PUBLISH_TIMEOUT,
         )
         .instrument(span)
         .await;

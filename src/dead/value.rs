@@ -123,30 +123,6 @@ pub fn dead_letters(n: usize) -> String {
     }
 }
 
-/// At most `max` characters of `text`: its start and its end, with `…` between when
-/// something was cut (an error's cause is often at its end).
-pub fn cut_middle(text: &str, max: usize) -> String {
-    let count = text.chars().count();
-    if count <= max {
-        return text.to_string();
-    }
-    let head = max.saturating_sub(1) / 2;
-    let tail = max.saturating_sub(1) - head;
-    let start: String = text.chars().take(head).collect();
-    let end: String = text.chars().skip(count - tail).collect();
-    format!("{start}…{end}")
-}
-
-/// At most `max` characters of `text`, with `…` when something was cut.
-pub fn cut(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        return text.to_string();
-    }
-    let mut cut: String = text.chars().take(max.saturating_sub(1)).collect();
-    cut.push('…');
-    cut
-}
-
 /// A body that is not JSON, shown safely: text with control characters escaped, or a hex
 /// dump of its first bytes when it is not UTF-8.
 pub fn body_text(body: &[u8]) -> String {
@@ -206,10 +182,6 @@ mod tests {
         assert_eq!(one_line("a\nb\x1b[31mc"), "a\\nb\\u{1b}[31mc");
         assert_eq!(multi_line("a\nb\t\x07"), "a\nb\t\\u{7}");
         assert_eq!(one_line("evil\u{202e}txt"), "evil\\u{202e}txt");
-        assert_eq!(cut("abcdef", 4), "abc…");
-        assert_eq!(cut("abc", 4), "abc");
-        assert_eq!(cut_middle("abcdefghij", 5), "ab…ij");
-        assert_eq!(cut_middle("abc", 5), "abc");
         assert_eq!(dead_letters(1), "1 dead letter");
         assert_eq!(dead_letters(0), "0 dead letters");
     }

@@ -5,7 +5,7 @@ use std::fmt;
 use futures::future::BoxFuture;
 
 use super::{Provider, ProviderUrlError, SendError};
-use crate::worker::request::Mail;
+use crate::message::Mail;
 
 /// Accepts every mail and sends none.
 #[derive(Debug, Clone, Default)]

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use futures::future::BoxFuture;
 
 use super::{ErrorClass, Provider, ProviderUrlError, SendError};
-use crate::worker::request::Mail;
+use crate::message::Mail;
 
 /// Writes each mail into a directory.
 #[derive(Debug)]

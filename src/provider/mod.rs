@@ -22,7 +22,8 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use crate::worker::request::Mail;
+use crate::message::Mail;
+use crate::redact::redacted;
 
 /// A way of sending mail.
 ///
@@ -158,6 +159,8 @@ pub enum ProviderUrlError {
     UnknownScheme { url: String, scheme: String },
     #[error("the provider URL {url} is unusable: {problem}")]
     Invalid { url: String, problem: String },
+    #[error("MAIL_PROVIDER_CA_FILE: cannot read {path}: {problem}")]
+    CaFile { path: String, problem: String },
 }
 
 impl ProviderUrlError {
@@ -171,12 +174,29 @@ impl ProviderUrlError {
 
 /// Builds the provider a URL names; see the [module documentation](self).
 pub fn from_url(url: &str) -> Result<Arc<dyn Provider>, ProviderUrlError> {
+    from_url_with(url, None)
+}
+
+/// [`from_url`], trusting also the CA certificate in the PEM file `ca_file`
+/// (`MAIL_PROVIDER_CA_FILE`) for TLS to the provider.
+pub fn from_url_with(
+    url: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Result<Arc<dyn Provider>, ProviderUrlError> {
     let parsed =
         url::Url::parse(url.trim()).map_err(|e| ProviderUrlError::NotAUrl(e.to_string()))?;
     match parsed.scheme() {
         "smtp" | "smtps" => {
             let settings = smtp::SmtpSettings::from_url(&parsed)?;
-            Ok(Arc::new(smtp::SmtpProvider::new(settings)?))
+            let ca = ca_file
+                .map(|path| {
+                    std::fs::read(path).map_err(|e| ProviderUrlError::CaFile {
+                        path: path.display().to_string(),
+                        problem: e.to_string(),
+                    })
+                })
+                .transpose()?;
+            Ok(Arc::new(smtp::SmtpProvider::new(settings, ca.as_deref())?))
         }
         "file" => Ok(Arc::new(file::FileProvider::from_url(&parsed)?)),
         "discard" => Ok(Arc::new(discard::DiscardProvider::from_url(&parsed)?)),
@@ -185,16 +205,6 @@ pub fn from_url(url: &str) -> Result<Arc<dyn Provider>, ProviderUrlError> {
             scheme: scheme.to_owned(),
         }),
     }
-}
-
-/// The URL with its password, if any, replaced by `***`.
-pub fn redacted(url: &url::Url) -> String {
-    let mut shown = url.clone();
-    if shown.password().is_some() {
-        // Only fails for URLs that cannot have a password, and this one has one.
-        let _ = shown.set_password(Some("***"));
-    }
-    shown.to_string()
 }
 
 /// Refuses query parameters a provider does not know, so a typo is not ignored.

@@ -5,8 +5,8 @@
 //! drives each transaction itself: `MAIL FROM`, then `RCPT TO` for every recipient,
 //! collecting the replies, and `DATA` only when every recipient was accepted, so no
 //! one gets a mail that others did not. If any recipient is refused for good (5xx) the
-//! mail failed for good, else a 4xx means it failed for now. After a refused
-//! transaction `RSET` makes the connection reusable.
+//! mail failed for good whatever follows, else a 4xx means it failed for now. After a
+//! refused transaction `RSET` makes the connection reusable.
 
 mod failure;
 mod settings;
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use lettre::transport::smtp::authentication::{Credentials, Mechanism};
-use lettre::transport::smtp::client::{AsyncSmtpConnection, TlsParameters};
+use lettre::transport::smtp::client::{AsyncSmtpConnection, Certificate, TlsParameters};
 use lettre::transport::smtp::commands::{Data, Mail as MailCommand, Rcpt, Rset};
 use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
 use tokio::sync::Semaphore;
@@ -30,7 +30,7 @@ pub use settings::{
 };
 
 use super::{ErrorClass, Failure, Provider, ProviderUrlError, SendError};
-use crate::worker::request::Mail;
+use crate::message::Mail;
 
 /// An idle connection older than this is closed rather than reused: servers drop idle
 /// clients after a while, and a stale connection costs a failed command to find out.
@@ -56,16 +56,42 @@ struct PooledConnection {
 }
 
 impl SmtpProvider {
-    /// Prepares the provider; it connects only when the first mail is sent.
-    pub fn new(settings: SmtpSettings) -> Result<Self, ProviderUrlError> {
+    /// Prepares the provider; it connects only when the first mail is sent. The server's
+    /// certificate must chain to a public CA (webpki's roots) or to `ca_pem`, a PEM
+    /// certificate (`MAIL_PROVIDER_CA_FILE`) for an internal relay.
+    pub fn new(settings: SmtpSettings, ca_pem: Option<&[u8]>) -> Result<Self, ProviderUrlError> {
+        let unusable = |problem: String| ProviderUrlError::Invalid {
+            url: settings.to_string(),
+            problem,
+        };
         let tls = match settings.security {
             Security::Plaintext => None,
-            _ => Some(TlsParameters::new(settings.host.clone()).map_err(|e| {
-                ProviderUrlError::Invalid {
-                    url: settings.to_string(),
-                    problem: format!("cannot set up TLS: {e}"),
+            _ => {
+                let mut builder = TlsParameters::builder(settings.host.clone());
+                if let Some(pem) = ca_pem {
+                    // lettre takes a PEM file without a certificate as no certificate.
+                    let has_certificate = std::str::from_utf8(pem)
+                        .is_ok_and(|text| text.contains("-----BEGIN CERTIFICATE-----"));
+                    if !has_certificate {
+                        return Err(unusable(
+                            "MAIL_PROVIDER_CA_FILE holds no PEM certificate \
+                             (-----BEGIN CERTIFICATE-----)"
+                                .to_string(),
+                        ));
+                    }
+                    let ca = Certificate::from_pem(pem).map_err(|e| {
+                        unusable(format!(
+                            "MAIL_PROVIDER_CA_FILE is not a PEM certificate ({e})"
+                        ))
+                    })?;
+                    builder = builder.add_root_certificate(ca);
                 }
-            })?),
+                Some(
+                    builder
+                        .build()
+                        .map_err(|e| unusable(format!("cannot set up TLS: {e}")))?,
+                )
+            }
         };
         let hello = settings
             .hello
@@ -298,6 +324,12 @@ impl SmtpProvider {
             {
                 Ok(_) => {}
                 Err(refusal) if refusal.connection_usable => refusals.push(refusal),
+                // The session ended (a 421, the network): a recipient already refused
+                // for good still makes the mail rejected.
+                Err(error) if refusals.iter().any(|r| r.failure == Failure::ForGood) => {
+                    refusals.push(error);
+                    break;
+                }
                 Err(error) => return Err(error),
             }
         }

@@ -15,6 +15,10 @@ pub struct WorkerArgs {
     /// file:///dir or discard://
     #[arg(long, env = "MAIL_PROVIDER_URL", hide_env_values = true)]
     pub provider_url: String,
+    /// A CA certificate (PEM) to trust, besides the public ones, for TLS to the provider,
+    /// e.g. an internal relay's.
+    #[arg(long, env = "MAIL_PROVIDER_CA_FILE")]
+    pub provider_ca_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub tuning: WorkerTuning,
 }
@@ -48,6 +52,51 @@ pub struct WorkerTuning {
     /// How long a stopping worker waits for deliveries in flight, e.g. 30s.
     #[arg(long, env = "MAIL_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
+    /// How long one attempt to connect to the broker may take; failed attempts are
+    /// retried with backoff before the worker gives up.
+    #[arg(long, env = "MAIL_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+    /// How long the broker may take to confirm a park or dead-letter publish (and to
+    /// answer a cancel or close); a publish that times out failed.
+    #[arg(long, env = "MAIL_PUBLISH_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub publish_timeout: Duration,
+    /// How long one send may take, the whole SMTP transaction; a send that takes longer
+    /// failed for now (class `timeout`).
+    #[arg(long, env = "MAIL_SEND_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub send_timeout: Duration,
+}
+
+/// How long each step of the worker may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// One attempt to connect to the broker.
+    pub connect: Duration,
+    /// A publish's confirm, a cancel, a close.
+    pub publish: Duration,
+    /// One send, the whole SMTP transaction.
+    pub send: Duration,
+    /// Waiting for deliveries in flight when stopping.
+    pub shutdown: Duration,
+}
+
+impl Timeouts {
+    /// The longest one delivery can take when nothing hangs: its send, its park or
+    /// dead-letter publish and its ack, and some slack. A delivery in flight for longer
+    /// means the worker is stuck, and `/livez` says so.
+    pub fn longest_delivery(&self) -> Duration {
+        self.send + self.publish * 2 + Duration::from_secs(10)
+    }
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            connect: crate::amqp::connect::DEFAULT_CONNECT_TIMEOUT,
+            publish: crate::amqp::publish::DEFAULT_PUBLISH_TIMEOUT,
+            send: Duration::from_secs(60),
+            shutdown: Duration::from_secs(30),
+        }
+    }
 }
 
 /// A value the worker cannot start with.
@@ -63,7 +112,8 @@ impl WorkerArgs {
     /// Checks every value and builds the worker, or names the first value that is wrong.
     pub fn into_worker(self) -> Result<Worker, ConfigError> {
         let user = amqp_user(&self.amqp_url)?;
-        let provider = crate::provider::from_url(&self.provider_url)?;
+        let provider =
+            crate::provider::from_url_with(&self.provider_url, self.provider_ca_file.as_deref())?;
         let t = self.tuning;
         Ok(Worker {
             amqp_url: self.amqp_url,
@@ -75,7 +125,12 @@ impl WorkerArgs {
             retry_exchange: t.retry_exchange,
             dead_exchange: t.dead_exchange,
             send_key: t.send_key,
-            shutdown_timeout: t.shutdown_timeout,
+            timeouts: Timeouts {
+                connect: t.connect_timeout,
+                publish: t.publish_timeout,
+                send: t.send_timeout,
+                shutdown: t.shutdown_timeout,
+            },
         })
     }
 }
@@ -104,6 +159,24 @@ pub fn amqp_user(amqp_url: &str) -> Result<String, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_flag_defaults_are_the_timeouts_defaults() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: WorkerArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "worker",
+            "--amqp-url",
+            "amqp://h",
+            "--provider-url",
+            "discard://",
+        ]);
+        let worker = cli.unwrap().args.into_worker().unwrap();
+        assert_eq!(worker.timeouts, Timeouts::default());
+    }
 
     #[test]
     fn the_user_comes_from_the_url() {

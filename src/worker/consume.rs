@@ -1,32 +1,45 @@
 //! The consume loop: up to `prefetch` deliveries processed at once, each acked only once
-//! its outcome is settled. A park or dead-letter publish that fails stops the worker
-//! without acking that delivery, so the broker redelivers it and the send queue's
-//! delivery limit catches a request that fails every time.
+//! its outcome is settled ([`super::settle`]).
+//!
+//! How it stops:
+//! - SIGTERM: no new delivery; those in flight are finished within the shutdown timeout.
+//! - The consuming connection is lost: nothing in flight can be acked any more, so every
+//!   send in flight is abandoned at once (a send whose DATA had not ended sends nothing;
+//!   one whose DATA had ended may be sent twice), the broker redelivers them all, and the
+//!   worker exits non-zero within seconds.
+//! - A delivery cannot be settled (a failed park or dead-letter publish, a failed ack):
+//!   it is rejected with requeue, the rest in flight are finished, and the worker exits
+//!   non-zero.
+//!
+//! While the broker blocks the publishing connection (a memory or disk alarm) no new
+//! delivery is started and `/readyz` says not ready; acks keep flowing on the other
+//! connection.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
-};
-use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties};
+use lapin::Connection;
+use lapin::options::BasicCancelOptions;
 use tokio::task::JoinSet;
-use tracing::{Instrument, debug, info, warn};
+use tracing::{error, info, warn};
 
-use super::attempt::attempt_of;
+use super::config::Timeouts;
+use super::links::{self, Events, LinkEvent, Links, Plan};
 use super::metrics::{OutcomeLabel, WorkerMetrics};
-use super::outcome::{Attempted, Outcome, decide};
-use super::publish::{PublishError, Publisher};
-use super::request::parse_request;
+use super::publish::Publisher;
+use super::settle::{SettleError, Shared, handle};
+use crate::amqp::ConnectError;
 use crate::provider::Provider;
 use crate::redact::redact_url;
 use crate::telemetry::Health;
 
 /// How often an idle loop tells [`Health`] it is still turning.
 const HEARTBEAT: Duration = Duration::from_secs(5);
+/// What `/readyz` says while publishing is blocked.
+const BLOCKED: &str =
+    "the broker blocks publishing (a memory or disk alarm); no new delivery is started";
 
 /// What the consume loop needs, resolved and checked.
 pub struct Worker {
@@ -40,21 +53,30 @@ pub struct Worker {
     pub retry_exchange: String,
     pub dead_exchange: String,
     pub send_key: String,
-    pub shutdown_timeout: Duration,
+    pub timeouts: Timeouts,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
-    #[error(
-        "cannot connect to the broker at {url}: {source}; check that RabbitMQ is running and the URL and credentials are right"
-    )]
-    Connect { url: String, source: lapin::Error },
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     #[error(
         "cannot consume {queue}: {source}; does the queue exist (mailer topology apply creates it) and may this user read it?"
     )]
     Consume { queue: String, source: lapin::Error },
+    #[error("the broker did not answer in time while {0}")]
+    Timeout(&'static str),
     #[error("the broker connection failed: {0}")]
     Channel(#[from] lapin::Error),
+    #[error(
+        "the connection that consumes was lost ({source}); {abandoned} deliveries in flight were abandoned and the broker redelivers them"
+    )]
+    ConsumeLost {
+        source: lapin::Error,
+        abandoned: usize,
+    },
+    #[error("the connection that publishes was lost: {0}")]
+    PublishLost(lapin::Error),
     #[error(
         "the broker stopped delivering from {queue} (the consumer was cancelled: was the queue deleted?)"
     )]
@@ -69,21 +91,61 @@ pub enum WorkerError {
     ShutdownTimeout(usize),
 }
 
-/// Why one delivery could not be settled.
-#[derive(Debug, thiserror::Error)]
-pub enum SettleError {
-    #[error(transparent)]
-    Publish(#[from] PublishError),
-    #[error("acknowledging it failed: {0}")]
-    Ack(lapin::Error),
+/// Why the loop stopped taking deliveries.
+enum Stop {
+    Asked,
+    ConsumeLost(lapin::Error),
+    Failed(WorkerError),
 }
 
-/// State shared by every delivery's task.
-struct Shared {
-    provider: Arc<dyn Provider>,
-    publisher: Publisher,
-    max_attempts: u32,
-    metrics: Arc<WorkerMetrics>,
+/// The deliveries being processed, and when each started.
+struct InFlight {
+    tasks: JoinSet<Result<(), SettleError>>,
+    started: HashMap<tokio::task::Id, Instant>,
+}
+
+impl InFlight {
+    fn spawn(&mut self, work: impl Future<Output = Result<(), SettleError>> + Send + 'static) {
+        let handle = self.tasks.spawn(work);
+        self.started.insert(handle.id(), Instant::now());
+    }
+
+    /// The next finished delivery's failure, if it had one; `None` when none is in flight.
+    async fn next(&mut self) -> Option<Option<SettleError>> {
+        let done = self.tasks.join_next_with_id().await?;
+        Some(match done {
+            Ok((id, Ok(()))) => {
+                self.started.remove(&id);
+                None
+            }
+            Ok((id, Err(e))) => {
+                self.started.remove(&id);
+                Some(e)
+            }
+            Err(e) => {
+                self.started.remove(&e.id());
+                // A task is only aborted when the worker stops; a panic is caught inside.
+                warn!(error = %e, "a delivery's task ended abnormally");
+                None
+            }
+        })
+    }
+
+    /// Whether every delivery in flight is younger than `bound`.
+    fn progressing(&self, bound: Duration) -> bool {
+        self.started
+            .values()
+            .all(|started| started.elapsed() <= bound)
+    }
+
+    /// Abandons every delivery in flight and waits until each is dropped.
+    async fn abandon(&mut self) -> usize {
+        let abandoned = self.tasks.len();
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        self.started.clear();
+        abandoned
+    }
 }
 
 impl Worker {
@@ -95,35 +157,31 @@ impl Worker {
         health: Arc<Health>,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), WorkerError> {
-        let url = redact_url(&self.amqp_url);
-        let properties =
-            ConnectionProperties::default().with_connection_name("mailer-worker".into());
-        let connection = Connection::connect(&self.amqp_url, properties)
-            .await
-            .map_err(|source| WorkerError::Connect {
-                url: url.clone(),
-                source,
-            })?;
-        let consume = connection.create_channel().await?;
-        consume
-            .basic_qos(self.prefetch, BasicQosOptions::default())
-            .await?;
-        let publish = connection.create_channel().await?;
-        publish
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        let mut consumer = consume
-            .basic_consume(
-                self.queue.as_str().into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|source| WorkerError::Consume {
-                queue: self.queue.clone(),
-                source,
-            })?;
+        tokio::pin!(shutdown);
+        let plan = Plan {
+            url: &self.amqp_url,
+            queue: &self.queue,
+            prefetch: self.prefetch,
+            timeout: self.timeouts.connect,
+        };
+        health.set_not_ready("connecting to the broker");
+        let links = tokio::select! {
+            biased;
+            () = &mut shutdown => {
+                info!("stopped before consuming");
+                return Ok(());
+            }
+            links = links::open(&plan, &health) => links?,
+        };
+        let Links {
+            consume_connection,
+            publish_connection,
+            mut consume_events,
+            mut publish_events,
+            consume,
+            publish,
+            mut consumer,
+        } = links;
         let shared = Arc::new(Shared {
             provider: self.provider.clone(),
             publisher: Publisher::new(
@@ -132,73 +190,144 @@ impl Worker {
                 &self.send_key,
                 &self.retry_exchange,
                 &self.dead_exchange,
+                self.timeouts.publish,
             ),
             max_attempts: self.max_attempts,
             metrics: metrics.clone(),
+            send_timeout: self.timeouts.send,
+            settle_timeout: self.timeouts.publish,
         });
+        let url = redact_url(&self.amqp_url);
         info!(broker = %url, queue = %self.queue, provider = %self.provider, prefetch = self.prefetch, "consuming");
-        health.set_ready(true);
+        let mut blocked = publish_connection.status().blocked();
+        set_blocked(&health, &metrics, blocked);
 
-        let mut in_flight: JoinSet<Result<(), SettleError>> = JoinSet::new();
+        let mut in_flight = InFlight {
+            tasks: JoinSet::new(),
+            started: HashMap::new(),
+        };
+        let bound = self.timeouts.longest_delivery();
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
-        tokio::pin!(shutdown);
-        let stopped: Result<(), WorkerError> = loop {
-            health.beat();
+        let stop = loop {
+            // A delivery older than any it could take means the loop no longer makes
+            // progress: stop beating, and /livez fails.
+            if in_flight.progressing(bound) {
+                health.beat();
+            }
             tokio::select! {
                 biased;
                 () = &mut shutdown => {
                     info!("stopping: finishing the deliveries in flight");
-                    break Ok(());
+                    break Stop::Asked;
                 }
-                Some(done) = in_flight.join_next() => {
-                    if let Some(e) = task_failure(done) {
-                        break Err(e.into());
+                Some(event) = consume_events.next() => {
+                    if let LinkEvent::Lost(e) = event {
+                        break Stop::ConsumeLost(e);
                     }
                 }
-                next = consumer.next() => match next {
-                    Some(Ok(delivery)) => {
-                        let shared = shared.clone();
-                        in_flight.spawn(async move { process(delivery, &shared).await });
+                Some(event) = publish_events.next() => match event {
+                    LinkEvent::Blocked(reason) => {
+                        warn!(%reason, "the broker blocks publishing; no new delivery is started until it unblocks");
+                        blocked = true;
+                        set_blocked(&health, &metrics, true);
                     }
-                    Some(Err(e)) => break Err(WorkerError::Channel(e)),
-                    None => break Err(WorkerError::ConsumerCancelled { queue: self.queue.clone() }),
+                    LinkEvent::Unblocked => {
+                        info!("the broker unblocked publishing");
+                        blocked = false;
+                        set_blocked(&health, &metrics, false);
+                    }
+                    LinkEvent::Lost(e) => break Stop::Failed(WorkerError::PublishLost(e)),
+                },
+                Some(failure) = in_flight.next() => {
+                    if let Some(e) = failure {
+                        break Stop::Failed(e.into());
+                    }
+                }
+                next = consumer.next(), if !blocked => match next {
+                    Some(Ok(delivery)) => in_flight.spawn(handle(delivery, shared.clone())),
+                    Some(Err(e)) => break Stop::ConsumeLost(e),
+                    None => break Stop::Failed(WorkerError::ConsumerCancelled { queue: self.queue.clone() }),
                 },
                 _ = heartbeat.tick() => {}
             }
         };
-        health.set_ready(false);
+        health.set_not_ready("stopping");
 
-        // Take no more deliveries; those received but not started go back to the queue
-        // when the channel closes.
-        let _ = consume
-            .basic_cancel(consumer.tag(), BasicCancelOptions::default())
-            .await;
-        let drained = drain(&mut in_flight, self.shutdown_timeout).await;
-        let _ = consume.close(200, "worker stopping".into()).await;
-        let _ = connection.close(200, "worker stopping".into()).await;
-        stopped?;
-        drained
+        let result = match stop {
+            Stop::ConsumeLost(source) => {
+                let abandoned = abandon(&mut in_flight, &metrics).await;
+                Err(WorkerError::ConsumeLost { source, abandoned })
+            }
+            Stop::Asked | Stop::Failed(_) => {
+                // Take no more deliveries; those received but not started go back to the
+                // queue when the channel closes.
+                let cancel = consume.basic_cancel(consumer.tag(), BasicCancelOptions::default());
+                let _ = tokio::time::timeout(self.timeouts.publish, cancel).await;
+                let drained = drain(
+                    &mut in_flight,
+                    &mut consume_events,
+                    &metrics,
+                    self.timeouts.shutdown,
+                )
+                .await;
+                match stop {
+                    Stop::Failed(e) => Err(e),
+                    _ => drained,
+                }
+            }
+        };
+        let close = self.timeouts.publish;
+        close_all(&[&consume_connection, &publish_connection], close).await;
+        if let Err(e) = &result {
+            error!(error = %e, "the worker stops");
+        }
+        result
     }
 }
 
-/// Waits for deliveries in flight to settle, at most `timeout`.
+/// Marks the worker ready or not, as publishing is blocked or not.
+fn set_blocked(health: &Health, metrics: &WorkerMetrics, blocked: bool) {
+    metrics.set_blocked(blocked);
+    if blocked {
+        health.set_not_ready(BLOCKED);
+    } else {
+        health.set_ready(true);
+    }
+}
+
+async fn abandon(in_flight: &mut InFlight, metrics: &WorkerMetrics) -> usize {
+    let abandoned = in_flight.abandon().await;
+    for _ in 0..abandoned {
+        metrics.settled(OutcomeLabel::Abandoned);
+    }
+    abandoned
+}
+
+/// Waits for deliveries in flight to settle, at most `timeout`; abandons them at once
+/// when the consuming connection is lost meanwhile.
 async fn drain(
-    in_flight: &mut JoinSet<Result<(), SettleError>>,
+    in_flight: &mut InFlight,
+    consume_events: &mut Events,
+    metrics: &WorkerMetrics,
     timeout: Duration,
 ) -> Result<(), WorkerError> {
-    let deadline = Instant::now() + timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
     let mut first_error = None;
-    while !in_flight.is_empty() {
-        match tokio::time::timeout_at(deadline.into(), in_flight.join_next()).await {
-            Ok(Some(done)) => {
-                if let Some(e) = task_failure(done) {
+    loop {
+        tokio::select! {
+            next = in_flight.next() => match next {
+                Some(Some(e)) => {
                     first_error.get_or_insert(e);
                 }
+                Some(None) => {}
+                None => break,
+            },
+            Some(LinkEvent::Lost(source)) = consume_events.next() => {
+                let abandoned = abandon(in_flight, metrics).await;
+                return Err(WorkerError::ConsumeLost { source, abandoned });
             }
-            Ok(None) => break,
-            Err(_) => {
-                let left = in_flight.len();
-                in_flight.abort_all();
+            () = tokio::time::sleep_until(deadline) => {
+                let left = abandon(in_flight, metrics).await;
                 return Err(WorkerError::ShutdownTimeout(left));
             }
         }
@@ -206,149 +335,35 @@ async fn drain(
     first_error.map_or(Ok(()), |e| Err(e.into()))
 }
 
-fn task_failure(
-    done: Result<Result<(), SettleError>, tokio::task::JoinError>,
-) -> Option<SettleError> {
-    match done {
-        Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(e),
-        // A panicking task never acked its delivery; the broker redelivers it.
-        Err(e) => {
-            warn!(error = %e, "a delivery's task ended abnormally");
-            None
-        }
+/// Closes the connections (and so their channels), each within `timeout`.
+async fn close_all(connections: &[&Connection], timeout: Duration) {
+    for connection in connections {
+        let _ =
+            tokio::time::timeout(timeout, connection.close(200, "worker stopping".into())).await;
     }
 }
 
-/// Processes one delivery to its settled outcome.
-async fn process(delivery: Delivery, shared: &Shared) -> Result<(), SettleError> {
-    let message_id = delivery
-        .properties
-        .message_id()
-        .as_ref()
-        .map(|id| id.to_string());
-    let span = tracing::info_span!(
-        "delivery",
-        message_id = message_id.as_deref().unwrap_or(""),
-        attempt = tracing::field::Empty
-    );
-    async {
-        let _in_flight = InFlight::enter(&shared.metrics);
-        let attempted = attempt(&delivery, message_id.as_deref(), shared).await;
-        let outcome = decide(attempted, shared.max_attempts);
-        settle(&delivery, outcome, shared).await
-    }
-    .instrument(span)
-    .await
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Reads the attempt and the request, and sends the mail.
-async fn attempt(delivery: &Delivery, message_id: Option<&str>, shared: &Shared) -> Attempted {
-    let attempt = match attempt_of(delivery.properties.headers().as_ref()) {
-        Ok(attempt) => attempt,
-        Err(e) => {
-            return Attempted::MalformedAttempt {
-                error: format!("malformed request: {e}"),
-            };
+    #[tokio::test]
+    async fn a_delivery_in_flight_longer_than_the_bound_is_no_progress() {
+        let mut in_flight = InFlight {
+            tasks: JoinSet::new(),
+            started: HashMap::new(),
+        };
+        assert!(
+            in_flight.progressing(Duration::from_secs(1)),
+            "none in flight"
+        );
+        in_flight.spawn(std::future::pending());
+        assert!(in_flight.progressing(Duration::from_secs(1)));
+        for started in in_flight.started.values_mut() {
+            *started -= Duration::from_secs(2);
         }
-    };
-    tracing::Span::current().record("attempt", attempt);
-    let mail = match parse_request(&delivery.data, message_id) {
-        Ok(mail) => mail,
-        Err(e) => {
-            return Attempted::MalformedRequest {
-                attempt,
-                error: format!("malformed request: {e}"),
-            };
-        }
-    };
-    let started = Instant::now();
-    let sent = shared.provider.send(&mail).await;
-    shared.metrics.send_took(started.elapsed().as_secs_f64());
-    match sent {
-        Ok(()) => Attempted::Sent,
-        Err(e) => {
-            shared.metrics.provider_error(e.class().as_str());
-            let error = e.to_string();
-            if e.is_for_good() {
-                Attempted::FailedForGood { attempt, error }
-            } else {
-                Attempted::FailedForNow { attempt, error }
-            }
-        }
-    }
-}
-
-/// Carries out `outcome`, acking only once it took.
-async fn settle(delivery: &Delivery, outcome: Outcome, shared: &Shared) -> Result<(), SettleError> {
-    let published = match &outcome {
-        Outcome::Ack => Ok(()),
-        Outcome::Park { next_attempt } => {
-            shared
-                .publisher
-                .park(&delivery.properties, &delivery.data, *next_attempt)
-                .await
-        }
-        Outcome::DeadLetter {
-            reason,
-            attempts,
-            error,
-        } => {
-            shared
-                .publisher
-                .dead_letter(
-                    &delivery.properties,
-                    &delivery.data,
-                    *reason,
-                    *attempts,
-                    error,
-                )
-                .await
-        }
-    };
-    if let Err(e) = published {
-        shared.metrics.settled(OutcomeLabel::Failed);
-        warn!(error = %e, "could not settle the delivery; leaving it unacknowledged");
-        return Err(e.into());
-    }
-    delivery
-        .acker
-        .ack(BasicAckOptions::default())
-        .await
-        .map_err(SettleError::Ack)?;
-    match outcome {
-        Outcome::Ack => {
-            shared.metrics.settled(OutcomeLabel::Sent);
-            debug!("sent");
-        }
-        Outcome::Park { next_attempt } => {
-            shared.metrics.settled(OutcomeLabel::Parked);
-            info!(next_attempt, "failed for now; parked for a later attempt");
-        }
-        Outcome::DeadLetter {
-            reason,
-            attempts,
-            error,
-        } => {
-            shared.metrics.dead_lettered(reason);
-            warn!(%reason, attempts, %error, "dead-lettered");
-        }
-    }
-    Ok(())
-}
-
-/// Counts a delivery in the in-flight gauge for as long as it lives.
-struct InFlight<'a>(&'a WorkerMetrics);
-
-impl<'a> InFlight<'a> {
-    fn enter(metrics: &'a WorkerMetrics) -> Self {
-        metrics.in_flight().inc();
-        Self(metrics)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.in_flight().dec();
+        assert!(!in_flight.progressing(Duration::from_secs(1)));
+        assert_eq!(in_flight.abandon().await, 1);
+        assert!(in_flight.progressing(Duration::from_secs(1)));
     }
 }

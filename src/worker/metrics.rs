@@ -15,7 +15,15 @@ pub enum OutcomeLabel {
     Parked,
     DeadLettered,
     /// The park or dead-letter publish failed; the delivery goes back to the broker.
-    Failed,
+    /// Not the design's "failed for now", which is `parked`.
+    PublishFailed,
+    /// Acknowledging it failed (its channel is gone); the broker redelivers it.
+    AckFailed,
+    /// Processing it panicked; it was rejected with requeue.
+    Panicked,
+    /// The broker connection was lost while it was in flight: its send was abandoned and
+    /// the broker redelivers it.
+    Abandoned,
 }
 
 impl OutcomeLabel {
@@ -24,7 +32,10 @@ impl OutcomeLabel {
             Self::Sent => "sent",
             Self::Parked => "parked",
             Self::DeadLettered => "dead_lettered",
-            Self::Failed => "failed",
+            Self::PublishFailed => "publish_failed",
+            Self::AckFailed => "ack_failed",
+            Self::Panicked => "panicked",
+            Self::Abandoned => "abandoned",
         }
     }
 }
@@ -52,6 +63,7 @@ pub struct WorkerMetrics {
     provider_errors: Family<ClassLabels, Counter>,
     send_duration: Histogram,
     in_flight: Gauge,
+    blocked: Gauge,
 }
 
 impl WorkerMetrics {
@@ -63,6 +75,7 @@ impl WorkerMetrics {
             provider_errors: Family::default(),
             send_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             in_flight: Gauge::default(),
+            blocked: Gauge::default(),
         };
         let registry = registry.sub_registry_with_prefix("mailer_worker");
         registry.register(
@@ -89,6 +102,11 @@ impl WorkerMetrics {
             "in_flight",
             "Deliveries being processed",
             metrics.in_flight.clone(),
+        );
+        registry.register(
+            "publishing_blocked",
+            "1 while the broker blocks the worker's publishing connection (a memory or disk alarm)",
+            metrics.blocked.clone(),
         );
         metrics
     }
@@ -118,6 +136,10 @@ impl WorkerMetrics {
 
     pub fn send_took(&self, seconds: f64) {
         self.send_duration.observe(seconds);
+    }
+
+    pub fn set_blocked(&self, blocked: bool) {
+        self.blocked.set(i64::from(blocked));
     }
 
     pub fn in_flight(&self) -> &Gauge {

@@ -4,10 +4,14 @@
 pub mod attempt;
 pub mod config;
 pub mod consume;
+pub mod links;
 pub mod metrics;
 pub mod outcome;
 pub mod publish;
-pub mod request;
+pub mod serve;
+pub mod settle;
+pub mod standalone;
 
 pub use config::WorkerArgs;
 pub use consume::{Worker, WorkerError};
+pub use serve::serve;

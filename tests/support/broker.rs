@@ -180,6 +180,31 @@ impl Drop for TestVhost {
     }
 }
 
+/// A fresh vhost with the default topology applied, a retry delay of 1s, and `topology`
+/// (YAML flow mappings, e.g. `retryQueueMaxLength: 2`) on top.
+pub async fn pipeline(test: &str, topology: &str) -> TestVhost {
+    let vhost = TestVhost::fresh(test);
+    let extra = if topology.is_empty() {
+        String::new()
+    } else {
+        format!(", {topology}")
+    };
+    let spec: mailer::spec::MailerPipelineSpec = serde_yaml::from_str(&format!(
+        "rabbitmq: {{vhost: {}}}\ntopology: {{retryDelay: 1s{extra}}}",
+        vhost.name
+    ))
+    .expect("a valid pipeline");
+    let capabilities = TestBroker::get().capabilities();
+    mailer::topology::apply(
+        &management(),
+        &mailer::topology::Topology::desired(&spec.rabbitmq.vhost, &spec.topology, capabilities)
+            .expect("a topology"),
+    )
+    .await
+    .expect("topology");
+    vhost
+}
+
 pub fn management() -> Management {
     Management::new(&ManagementEndpoint::parse(&management_url()).expect("endpoint"))
         .expect("client")

@@ -50,11 +50,21 @@ impl SmtpServer {
     }
 
     pub fn start_on(port: u16, mail_dir: TempDir) -> Self {
+        Self::start_with(port, mail_dir, &[])
+    }
+
+    /// Starts a server that speaks TLS: `tls` is `["starttls" | "implicit", CERT, KEY]`.
+    pub fn start_tls(tls: [&Path; 3]) -> Self {
+        Self::start_with(0, TempDir::new("smtp"), &tls)
+    }
+
+    fn start_with(port: u16, mail_dir: TempDir, extra: &[&Path]) -> Self {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smtp_server.py");
         let mut child = Command::new("python3")
             .arg(&script)
             .arg(port.to_string())
             .arg(&mail_dir.0)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -133,6 +143,18 @@ impl SmtpServer {
                 })
             })
             .collect()
+    }
+
+    /// The Message-IDs of the mails refused once at the end of DATA (recipients
+    /// `…+451once@…`), in the order they came.
+    pub fn refused_message_ids(&self) -> Vec<String> {
+        std::fs::read_to_string(self.mail_dir.0.join("refused.log"))
+            .map(|log| {
+                log.lines()
+                    .map(|id| id.trim_matches(['<', '>']).to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// How many SMTP sessions (EHLO or HELO) the server has seen.

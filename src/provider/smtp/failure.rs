@@ -1,9 +1,11 @@
 //! Sorting what went wrong in an SMTP session into for now or for good, and a class.
 //!
-//! Only a 5xx reply to the mail itself (its sender, a recipient, or its content) is for
-//! good. A 5xx while connecting or logging in is about this client or its settings,
-//! which someone can fix, so the mail is retried. Everything without a reply (the
-//! network, TLS, a timeout) is for now.
+//! Only a 5xx reply to the mail itself (a recipient, or its content after every
+//! recipient was accepted) is for good. A 5xx to the session (the greeting, STARTTLS,
+//! AUTH, or MAIL FROM, where a relay asks for authentication with 530 or refuses this
+//! client as a sender) is about this client or its settings, which someone can fix, so
+//! the mail is retried: a misconfigured relay must not dead-letter the whole queue.
+//! Everything without a reply (the network, TLS, a timeout) is for now.
 
 use crate::provider::{ErrorClass, Failure};
 
@@ -14,6 +16,9 @@ const MAX_LISTED_REFUSALS: usize = 10;
 const LETTRE_CONNECTION_CLOSED: &str = "incomplete response";
 /// The reply of a server that is closing the connection.
 const SERVICE_CLOSING: u16 = 421;
+/// RFC 4954's "authentication required" and "authentication credentials invalid".
+const AUTH_REQUIRED: u16 = 530;
+const AUTH_FAILED: u16 = 535;
 
 /// The step of a session a failure happened at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,10 +36,7 @@ pub(super) enum Step {
 impl Step {
     /// Whether a reply at this step is about the mail rather than the session.
     fn is_about_the_mail(self) -> bool {
-        matches!(
-            self,
-            Self::MailFrom | Self::RcptTo | Self::Data | Self::Message
-        )
+        matches!(self, Self::RcptTo | Self::Data | Self::Message)
     }
 }
 
@@ -81,7 +83,10 @@ impl Cause {
         if error.is_timeout() {
             Self::Timeout(text)
         } else if error.is_tls() || caused_by_tls(error) {
-            Self::Tls(text)
+            match tls_advice(error) {
+                Some(advice) => Self::Tls(format!("{text}; {advice}")),
+                None => Self::Tls(text),
+            }
         } else if error.is_response() && text.ends_with(LETTRE_CONNECTION_CLOSED) {
             Self::Io("the server closed the connection".into())
         } else if error.is_response() || error.is_client() {
@@ -99,6 +104,7 @@ pub(super) fn classify(step: Step, what: &str, cause: Cause) -> StepError {
             let permanent = code / 100 == 5;
             let class = match step {
                 Step::Auth => ErrorClass::Auth,
+                _ if code == AUTH_REQUIRED || code == AUTH_FAILED => ErrorClass::Auth,
                 _ if permanent && !step.is_about_the_mail() => ErrorClass::Protocol,
                 _ if permanent => ErrorClass::PermanentReply,
                 _ => ErrorClass::TemporaryReply,
@@ -134,7 +140,8 @@ pub(super) fn classify(step: Step, what: &str, cause: Cause) -> StepError {
     }
 }
 /// One error for a transaction whose recipients were refused: for good when any
-/// refusal is (a 5xx), even if a 4xx came first; else for now.
+/// refusal is (a 5xx), even if a 4xx came first or the server closed the connection
+/// after (a 421 at a later recipient); else for now.
 pub(super) fn refused_recipients(refusals: Vec<StepError>) -> StepError {
     let for_good = refusals.iter().any(|r| r.failure == Failure::ForGood);
     let mut listed: Vec<&str> = refusals
@@ -163,28 +170,55 @@ pub(super) fn refused_recipients(refusals: Vec<StepError>) -> StepError {
             "recipients refused, so the mail went to no one: {}",
             listed.join("; ")
         ),
-        connection_usable: true,
+        connection_usable: refusals.iter().all(|r| r.connection_usable),
     }
 }
 
 /// Whether rustls is behind an error: lettre reports a failed handshake as a
 /// connection error around an I/O error around the rustls error.
 pub(super) fn caused_by_tls(error: &(dyn std::error::Error + 'static)) -> bool {
+    rustls_error(error).is_some()
+}
+
+fn rustls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
     let mut cause = Some(error);
     while let Some(error) = cause {
-        if error.is::<rustls::Error>() {
-            return true;
+        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+            return Some(tls);
         }
-        if let Some(io) = error.downcast_ref::<std::io::Error>()
-            && io
-                .get_ref()
-                .is_some_and(|inner| inner.is::<rustls::Error>())
+        if let Some(tls) = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
         {
-            return true;
+            return Some(tls);
         }
         cause = error.source();
     }
-    false
+    None
+}
+
+/// What to do about a certificate the worker refused, when the TLS error says why.
+pub(super) fn tls_advice(error: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    use rustls::CertificateError as Why;
+    let rustls::Error::InvalidCertificate(why) = rustls_error(error)? else {
+        return None;
+    };
+    Some(match why {
+        Why::UnknownIssuer => {
+            "the server's certificate is not signed by a CA this worker trusts: for an internal relay, set MAIL_PROVIDER_CA_FILE to its CA certificate (PEM)"
+        }
+        Why::Expired | Why::ExpiredContext { .. } => {
+            "the server's certificate has expired: the relay's operator must renew it"
+        }
+        Why::NotValidYet | Why::NotValidYetContext { .. } => {
+            "the server's certificate is not valid yet: check the clocks of the relay and the worker"
+        }
+        Why::NotValidForName | Why::NotValidForNameContext { .. } => {
+            "the server's certificate is not for the host in MAIL_PROVIDER_URL: use the name it was issued for"
+        }
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

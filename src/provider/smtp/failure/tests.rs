@@ -14,7 +14,7 @@ fn sorted(step: Step, cause: Cause) -> (Failure, ErrorClass, bool) {
 
 #[test]
 fn a_5xx_to_the_mail_is_for_good() {
-    for step in [Step::MailFrom, Step::RcptTo, Step::Data, Step::Message] {
+    for step in [Step::RcptTo, Step::Data, Step::Message] {
         assert_eq!(
             sorted(step, reply(550, "5.1.1 no such user")),
             (Failure::ForGood, ErrorClass::PermanentReply, true),
@@ -52,6 +52,34 @@ fn a_5xx_while_setting_up_the_session_is_for_now() {
         sorted(Step::Auth, reply(535, "5.7.8 bad credentials")),
         (Failure::ForNow, ErrorClass::Auth, true)
     );
+    assert_eq!(
+        sorted(Step::MailFrom, reply(530, "5.7.0 authentication required")),
+        (Failure::ForNow, ErrorClass::Auth, true)
+    );
+    assert_eq!(
+        sorted(Step::MailFrom, reply(550, "5.7.1 relaying denied")),
+        (Failure::ForNow, ErrorClass::Protocol, true)
+    );
+}
+
+#[test]
+fn a_5xx_recipient_then_a_closing_server_is_for_good() {
+    let refusals = vec![
+        classify(
+            Step::RcptTo,
+            "RCPT TO:<a@x>",
+            reply(550, "5.1.1 no such user"),
+        ),
+        classify(
+            Step::RcptTo,
+            "RCPT TO:<b@x>",
+            reply(421, "4.3.2 shutting down"),
+        ),
+    ];
+    let error = refused_recipients(refusals);
+    assert_eq!(error.failure, Failure::ForGood);
+    assert_eq!(error.class, ErrorClass::PermanentReply);
+    assert!(!error.connection_usable, "the server is closing it");
 }
 
 #[test]

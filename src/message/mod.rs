@@ -7,8 +7,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use lettre::message::header::{HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart, SinglePart};
@@ -17,6 +15,12 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::mail;
+use crate::text::truncate;
+
+pub mod id;
+pub mod publish;
+
+pub use id::unique_id;
 
 /// A mail to send: the JSON body of a request published to the `mail` exchange with
 /// the routing key `mail.send`. The request's AMQP `message_id`, when set, becomes the
@@ -100,26 +104,12 @@ impl Quoted {
     const MAX_CHARS: usize = 100;
 
     fn new(value: &str) -> Self {
-        let mut chars = value.chars();
-        let shown: String = chars.by_ref().take(Self::MAX_CHARS).collect();
-        if chars.next().is_some() {
-            Self(format!("{shown:?}…"))
-        } else {
-            Self(format!("{shown:?}"))
-        }
+        Self(format!("{:?}", truncate(value, Self::MAX_CHARS)))
     }
 }
 
-/// A parser's message, which may quote a value of any length, cut to a readable line.
-fn cut_short(message: &str) -> String {
-    const MAX_CHARS: usize = 300;
-    let mut chars = message.chars();
-    let mut shown: String = chars.by_ref().take(MAX_CHARS).collect();
-    if chars.next().is_some() {
-        shown.push('…');
-    }
-    shown
-}
+/// The most characters of a parser's message, which may quote a value of any length.
+const MAX_PARSER_MESSAGE_CHARS: usize = 300;
 
 impl fmt::Display for Quoted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -177,8 +167,9 @@ pub fn parse_request(body: &[u8], message_id: Option<&str>) -> Result<Mail, Requ
     if body.len() > mail::MAX_REQUEST_BYTES {
         return Err(RequestError::TooLarge { size: body.len() });
     }
-    let request: MailRequest =
-        serde_json::from_slice(body).map_err(|e| RequestError::Json(cut_short(&e.to_string())))?;
+    let request: MailRequest = serde_json::from_slice(body).map_err(|e| {
+        RequestError::Json(truncate(&e.to_string(), MAX_PARSER_MESSAGE_CHARS).into_owned())
+    })?;
     request.to_mail(message_id)
 }
 
@@ -344,7 +335,7 @@ fn mailboxes(field: &str, values: &[String]) -> Result<Vec<Mailbox>, RequestErro
 /// every attempt of the request sends the same mail, else a fresh random one.
 fn message_id_header(message_id: Option<&str>, domain: &str) -> Result<String, RequestError> {
     let Some(id) = message_id else {
-        return Ok(format!("<{}@{domain}>", random_id()));
+        return Ok(format!("<{}@{domain}>", unique_id()));
     };
     let malformed = |problem| RequestError::MalformedMessageId {
         id: Quoted::new(id),
@@ -372,26 +363,6 @@ fn message_id_header(message_id: Option<&str>, domain: &str) -> Result<String, R
     } else {
         Ok(format!("<{id}@{domain}>"))
     }
-}
-
-/// 128 bits that no other mail of any worker shares: std's `RandomState` is seeded
-/// from the OS per process, and the clock and a counter tell apart the ids of one process.
-fn random_id() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_nanos())
-        .unwrap_or_default();
-    let mut halves = [0u64; 2];
-    for (index, half) in halves.iter_mut().enumerate() {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u128(nanos);
-        hasher.write_u64(count);
-        hasher.write_usize(index);
-        *half = hasher.finish();
-    }
-    format!("{:016x}{:016x}", halves[0], halves[1])
 }
 
 #[cfg(test)]

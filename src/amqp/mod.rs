@@ -1,0 +1,8 @@
+//! What every AMQP client of the mailer shares: connecting with a deadline and publishing
+//! with confirms (`mailer worker`, `mailer send`, `mailer dead replay`).
+
+pub mod connect;
+pub mod publish;
+
+pub use connect::{ConnectError, connect};
+pub use publish::{PublishError, publish_confirmed, republished};

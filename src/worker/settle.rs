@@ -1,0 +1,250 @@
+//! One delivery, from its bytes to its settled outcome: read, send, then ack, park or
+//! dead-letter it. A delivery is acked only once its outcome took; when it cannot be
+//! settled it is rejected with requeue (the one return that RabbitMQ 3.x and 4.x both
+//! count toward the delivery limit) and the worker stops.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use lapin::Acker;
+use lapin::BasicProperties;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicRejectOptions};
+use tracing::{Instrument, debug, error, info, warn};
+
+use super::attempt::attempt_of;
+use super::metrics::{OutcomeLabel, WorkerMetrics};
+use super::outcome::{Attempted, Outcome, decide};
+use super::publish::Publisher;
+use crate::amqp::PublishError;
+use crate::message::{parse_request, unique_id};
+use crate::provider::{ErrorClass, Provider};
+
+/// State shared by every delivery's task.
+pub struct Shared {
+    pub provider: Arc<dyn Provider>,
+    pub publisher: Publisher,
+    pub max_attempts: u32,
+    pub metrics: Arc<WorkerMetrics>,
+    /// The deadline of one send, the whole SMTP transaction.
+    pub send_timeout: Duration,
+    /// The deadline of an ack or a reject.
+    pub settle_timeout: Duration,
+}
+
+/// Why one delivery could not be settled: the worker stops.
+#[derive(Debug, thiserror::Error)]
+pub enum SettleError {
+    #[error("{0}; the delivery was rejected with requeue")]
+    Publish(#[from] PublishError),
+    #[error("acknowledging it failed: {0}")]
+    Ack(lapin::Error),
+    #[error("its channel no longer takes acknowledgements (the connection was lost?)")]
+    AckRefused,
+    #[error("{what} it took longer than {}", humantime::format_duration(*after))]
+    Timeout { what: &'static str, after: Duration },
+    #[error("rejecting it with requeue failed: {0}")]
+    Requeue(String),
+}
+
+/// Processes one delivery to its settled outcome. A panic while processing it rejects it
+/// with requeue and is counted, so it never holds a prefetch slot.
+pub async fn handle(delivery: Delivery, shared: Arc<Shared>) -> Result<(), SettleError> {
+    let acker = delivery.acker.clone();
+    match AssertUnwindSafe(process(delivery, &shared))
+        .catch_unwind()
+        .await
+    {
+        Ok(settled) => settled,
+        Err(panic) => {
+            shared.metrics.settled(OutcomeLabel::Panicked);
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            error!(panic = %what, "processing a delivery panicked; rejecting it with requeue");
+            requeue(&acker, shared.settle_timeout).await
+        }
+    }
+}
+
+async fn process(delivery: Delivery, shared: &Shared) -> Result<(), SettleError> {
+    // A request without a message id gets one now, kept when it is parked, so that every
+    // attempt sends the same Message-ID.
+    let (message_id, properties) = match delivery.properties.message_id() {
+        Some(id) => (id.to_string(), delivery.properties.clone()),
+        None => {
+            let id = unique_id();
+            let properties = delivery
+                .properties
+                .clone()
+                .with_message_id(id.as_str().into());
+            (id, properties)
+        }
+    };
+    let span = tracing::info_span!(
+        "delivery",
+        message_id = message_id.as_str(),
+        attempt = tracing::field::Empty
+    );
+    async {
+        let _in_flight = InFlight::enter(&shared.metrics);
+        let attempted = attempt(&delivery, &message_id, shared).await;
+        let outcome = decide(attempted, shared.max_attempts);
+        settle(&delivery, &properties, outcome, shared).await
+    }
+    .instrument(span)
+    .await
+}
+
+/// Reads the attempt and the request, and sends the mail.
+async fn attempt(delivery: &Delivery, message_id: &str, shared: &Shared) -> Attempted {
+    let attempt = match attempt_of(delivery.properties.headers().as_ref()) {
+        Ok(attempt) => attempt,
+        Err(e) => {
+            return Attempted::MalformedAttempt {
+                error: format!("malformed request: {e}"),
+            };
+        }
+    };
+    tracing::Span::current().record("attempt", attempt);
+    let mail = match parse_request(&delivery.data, Some(message_id)) {
+        Ok(mail) => mail,
+        Err(e) => {
+            return Attempted::MalformedRequest {
+                attempt,
+                error: format!("malformed request: {e}"),
+            };
+        }
+    };
+    let started = Instant::now();
+    let sent = tokio::time::timeout(shared.send_timeout, shared.provider.send(&mail)).await;
+    shared.metrics.send_took(started.elapsed().as_secs_f64());
+    match sent {
+        Ok(Ok(())) => Attempted::Sent,
+        Ok(Err(e)) => {
+            shared.metrics.provider_error(e.class().as_str());
+            let error = e.to_string();
+            if e.is_for_good() {
+                Attempted::FailedForGood { attempt, error }
+            } else {
+                Attempted::FailedForNow { attempt, error }
+            }
+        }
+        Err(_) => {
+            shared.metrics.provider_error(ErrorClass::Timeout.as_str());
+            let error = format!(
+                "{}: the send took longer than {} (MAIL_SEND_TIMEOUT)",
+                shared.provider,
+                humantime::format_duration(shared.send_timeout)
+            );
+            Attempted::FailedForNow { attempt, error }
+        }
+    }
+}
+
+/// Carries out `outcome`, acking only once it took.
+async fn settle(
+    delivery: &Delivery,
+    properties: &BasicProperties,
+    outcome: Outcome,
+    shared: &Shared,
+) -> Result<(), SettleError> {
+    let published = match &outcome {
+        Outcome::Ack => Ok(()),
+        Outcome::Park { next_attempt } => {
+            shared
+                .publisher
+                .park(properties, &delivery.data, *next_attempt)
+                .await
+        }
+        Outcome::DeadLetter {
+            reason,
+            attempts,
+            error,
+        } => {
+            shared
+                .publisher
+                .dead_letter(properties, &delivery.data, *reason, *attempts, error)
+                .await
+        }
+    };
+    if let Err(e) = published {
+        shared.metrics.settled(OutcomeLabel::PublishFailed);
+        warn!(error = %e, "could not settle the delivery; rejecting it with requeue and stopping");
+        requeue(&delivery.acker, shared.settle_timeout).await?;
+        return Err(e.into());
+    }
+    if let Err(e) = ack(&delivery.acker, shared.settle_timeout).await {
+        shared.metrics.settled(OutcomeLabel::AckFailed);
+        return Err(e);
+    }
+    match outcome {
+        Outcome::Ack => {
+            shared.metrics.settled(OutcomeLabel::Sent);
+            debug!("sent");
+        }
+        Outcome::Park { next_attempt } => {
+            shared.metrics.settled(OutcomeLabel::Parked);
+            info!(next_attempt, "failed for now; parked for a later attempt");
+        }
+        Outcome::DeadLetter {
+            reason,
+            attempts,
+            error,
+        } => {
+            shared.metrics.dead_lettered(reason);
+            warn!(%reason, attempts, %error, "dead-lettered");
+        }
+    }
+    Ok(())
+}
+
+/// Acks, and says so only when the broker's channel took it: lapin answers `Ok(false)`
+/// for a delivery whose channel is gone, which the broker will redeliver.
+async fn ack(acker: &Acker, timeout: Duration) -> Result<(), SettleError> {
+    match tokio::time::timeout(timeout, acker.ack(BasicAckOptions::default())).await {
+        Ok(Ok(true)) => Ok(()),
+        Ok(Ok(false)) => Err(SettleError::AckRefused),
+        Ok(Err(e)) => Err(SettleError::Ack(e)),
+        Err(_) => Err(SettleError::Timeout {
+            what: "acknowledging",
+            after: timeout,
+        }),
+    }
+}
+
+/// Gives the delivery back to the broker, which counts it toward the delivery limit.
+async fn requeue(acker: &Acker, timeout: Duration) -> Result<(), SettleError> {
+    let options = BasicRejectOptions { requeue: true };
+    match tokio::time::timeout(timeout, acker.reject(options)).await {
+        Ok(Ok(true)) => Ok(()),
+        Ok(Ok(false)) => Err(SettleError::Requeue(
+            "its channel is gone; the broker requeues it anyway".into(),
+        )),
+        Ok(Err(e)) => Err(SettleError::Requeue(e.to_string())),
+        Err(_) => Err(SettleError::Timeout {
+            what: "rejecting",
+            after: timeout,
+        }),
+    }
+}
+
+/// Counts a delivery in the in-flight gauge for as long as it lives.
+struct InFlight<'a>(&'a WorkerMetrics);
+
+impl<'a> InFlight<'a> {
+    fn enter(metrics: &'a WorkerMetrics) -> Self {
+        metrics.in_flight().inc();
+        Self(metrics)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight().dec();
+    }
+}

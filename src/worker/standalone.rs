@@ -1,0 +1,58 @@
+//! `mailer run`: a pipeline's topology applied and a worker for it, without Kubernetes.
+
+use anyhow::{Result, bail};
+
+use super::Worker;
+use super::config::{Timeouts, amqp_user};
+use crate::manifest::{self, display_name};
+use crate::topology::live::with_vhost;
+use crate::topology::{self, Management, ManagementEndpoint, Topology};
+
+/// Applies the topology of the one pipeline in `file` and returns the worker for it,
+/// with the pipeline's names and numbers and the tuning defaults otherwise.
+pub async fn prepare(
+    file: &str,
+    management_url: &str,
+    amqp_url: &str,
+    provider_url: &str,
+) -> Result<Worker> {
+    let manifest = manifest::read(file)?;
+    let [pipeline] = manifest.pipelines.as_slice() else {
+        bail!(
+            "{file} holds {} MailerPipelines; mailer run runs exactly one",
+            manifest.pipelines.len()
+        );
+    };
+    let spec = &pipeline.spec;
+    spec.validate()?;
+    let management = Management::new(&ManagementEndpoint::parse(management_url)?)?;
+    let desired = Topology::desired(
+        &spec.rabbitmq.vhost,
+        &spec.topology,
+        management.capabilities().await?,
+    )?;
+    let changes = topology::apply(&management, &desired).await?;
+    println!(
+        "{} (vhost {:?}): topology {}",
+        display_name(pipeline),
+        desired.vhost,
+        match changes.len() {
+            0 => "in sync".to_string(),
+            n => format!("applied ({n} changes)"),
+        }
+    );
+    let amqp_url = with_vhost(amqp_url, &desired.vhost).map_err(anyhow::Error::msg)?;
+    let t = &spec.topology;
+    Ok(Worker {
+        user: amqp_user(&amqp_url)?,
+        amqp_url,
+        provider: crate::provider::from_url(provider_url)?,
+        max_attempts: spec.worker.max_attempts,
+        prefetch: spec.worker.prefetch,
+        queue: t.queue.clone(),
+        retry_exchange: t.retry_exchange.clone(),
+        dead_exchange: t.dead_exchange.clone(),
+        send_key: t.queue.clone(),
+        timeouts: Timeouts::default(),
+    })
+}

@@ -1,0 +1,530 @@
+//! The fault suite (`make faults`): the worker, restarted as a kubelet would, against a
+//! PRIVATE RabbitMQ node (`.ci/rabbitmq-node.sh`, never the shared brokers) that is
+//! stopped, alarmed and stripped of its queues, and a real SMTP server that hangs or cuts
+//! sessions. Each test counts every request by id and appends one line to
+//! `target/faults.md`: published, delivered, delivered twice, dead-lettered by reason,
+//! still waiting in a queue, lost (must be 0), and how long the worker took to exit or
+//! recover. Ignored by `cargo test`: `make faults` starts the node and runs them one at a
+//! time, for RabbitMQ 3.10 and 4.0 (`MAILER_FAULT_BROKER`).
+
+pub mod support;
+
+mod faults {
+    pub mod kubelet;
+    pub mod node;
+    pub mod proxy;
+}
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use faults::kubelet::Kubelet;
+use faults::node::{Node, Pipeline, Undo};
+use faults::proxy::{Mode, SmtpProxy};
+use lapin::BasicProperties;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use serde_json::json;
+use support::inproc::InProcess;
+use support::process::eventually;
+use support::provider::TestProvider;
+use support::smtp::SmtpServer;
+
+/// Publishes the requests with ids `f-{i:04}` for `i` in `range`, to the recipient `to(i)`
+/// gives.
+async fn publish(
+    pipeline: &Pipeline,
+    range: std::ops::Range<usize>,
+    to: impl Fn(usize) -> String,
+) -> BTreeSet<String> {
+    let connection = pipeline.connect().await;
+    let channel = connection.create_channel().await.expect("channel");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    let mut ids = BTreeSet::new();
+    for i in range {
+        let id = format!("f-{i:04}");
+        let body = serde_json::to_vec(&json!({
+            "from": "Shop <noreply@shop.example>", "to": [to(i)], "subject": "Hi", "text": "Hello"
+        }))
+        .unwrap();
+        let properties = BasicProperties::default()
+            .with_message_id(id.as_str().into())
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2);
+        let confirm = channel
+            .basic_publish(
+                "mail".into(),
+                "mail.send".into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                &body,
+                properties,
+            )
+            .await
+            .expect("publish");
+        assert!(confirm.await.expect("confirm").is_ack());
+        ids.insert(id);
+    }
+    let _ = connection.close(200, "published".into()).await;
+    ids
+}
+
+/// Messages ready in `queue` now.
+async fn depth(pipeline: &Pipeline, queue: &str) -> u32 {
+    let connection = pipeline.connect().await;
+    let channel = connection.create_channel().await.expect("channel");
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let declared = channel
+        .queue_declare(queue.into(), passive, Default::default())
+        .await;
+    let _ = connection.close(200, "looked".into()).await;
+    declared.map_or(0, |d| d.message_count())
+}
+
+/// Ids of the mails the SMTP server stored (one per stored mail, so repeats show).
+fn delivered(smtp: &SmtpServer) -> Vec<String> {
+    smtp.message_ids()
+        .into_iter()
+        .map(|id| id.split('@').next().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn distinct(ids: &[String]) -> usize {
+    ids.iter().collect::<BTreeSet<_>>().len()
+}
+
+/// What became of every published request, once the worker stopped.
+struct Tally {
+    fault: &'static str,
+    published: BTreeSet<String>,
+    delivered: Vec<String>,
+    dead: Vec<(String, Option<String>)>,
+    waiting: Vec<String>,
+}
+
+impl Tally {
+    async fn take(
+        fault: &'static str,
+        pipeline: &Pipeline,
+        published: BTreeSet<String>,
+        delivered: Vec<String>,
+    ) -> Self {
+        let dead = pipeline.take_all("mail.send.dead").await;
+        let mut waiting = Vec::new();
+        for queue in ["mail.send", "mail.send.retry"] {
+            waiting.extend(pipeline.take_all(queue).await.into_iter().map(|(id, _)| id));
+        }
+        Self {
+            fault,
+            published,
+            delivered,
+            dead,
+            waiting,
+        }
+    }
+
+    fn twice(&self) -> usize {
+        self.delivered.len() - distinct(&self.delivered)
+    }
+
+    fn lost(&self) -> Vec<&String> {
+        let seen: BTreeSet<&String> = self
+            .delivered
+            .iter()
+            .chain(self.dead.iter().map(|(id, _)| id))
+            .chain(self.waiting.iter())
+            .collect();
+        self.published
+            .iter()
+            .filter(|id| !seen.contains(id))
+            .collect()
+    }
+
+    /// Appends the fault's line to `target/faults.md`, prints it, and checks that nothing
+    /// was lost.
+    fn report(&self, timing: &str) {
+        let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+        for (_, reason) in &self.dead {
+            *reasons.entry(reason.as_deref().unwrap_or("?")).or_default() += 1;
+        }
+        let dead = if reasons.is_empty() {
+            "0".to_string()
+        } else {
+            reasons
+                .iter()
+                .map(|(reason, n)| format!("{n} {reason}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let lost = self.lost();
+        let line = format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            Node::get().version,
+            self.fault,
+            self.published.len(),
+            distinct(&self.delivered),
+            self.twice(),
+            dead,
+            self.waiting.len(),
+            lost.len(),
+            timing
+        );
+        println!("{line}");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/target/faults.md");
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("target/faults.md");
+        writeln!(file, "{line}").expect("write the fault table");
+        assert!(lost.is_empty(), "{}: lost {lost:?}", self.fault);
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+fn smtp_url(port: u16) -> String {
+    format!("smtp://127.0.0.1:{port}?tls=none")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "disturbs a private broker node: make faults"]
+async fn broker_restart_mid_stream() {
+    let node = Node::get();
+    let pipeline = Pipeline::new("restart", "").await;
+    let smtp = SmtpServer::start();
+    // A provider that takes about a quarter of a second a mail, so the restart finds
+    // sends in flight.
+    let proxy = SmtpProxy::start(smtp.port, Mode::Slow).await;
+    let published = publish(&pipeline, 0..300, |_| "ok@example.com".into()).await;
+    let kubelet = Kubelet::start(&pipeline.amqp_url(), &smtp_url(proxy.port), &[]);
+    eventually(60, "50 mails delivered", || async {
+        (distinct(&delivered(&smtp)) >= 50).then_some(())
+    })
+    .await;
+
+    let stopped = Instant::now();
+    let _restart = Undo(&["start_app"]);
+    node.ctl(&["stop_app"]);
+    let exited = eventually(30, "the worker's exit", || async {
+        kubelet.exited_after(stopped)
+    })
+    .await;
+    let probes_down = kubelet.probes();
+    tokio::time::sleep_until((stopped + Duration::from_secs(5)).into()).await;
+    let before = delivered(&smtp).len();
+    node.ctl(&["start_app"]);
+    let started = Instant::now();
+    eventually(60, "delivering again", || async {
+        (delivered(&smtp).len() > before).then_some(())
+    })
+    .await;
+    let recovered = started.elapsed();
+    eventually(150, "every mail delivered", || async {
+        (distinct(&delivered(&smtp)) == published.len()).then_some(())
+    })
+    .await;
+    let probes_up = kubelet.probes();
+    kubelet.stop();
+    let tally = Tally::take(
+        "broker restart mid-stream (stop_app 5s, start_app)",
+        &pipeline,
+        published,
+        delivered(&smtp),
+    )
+    .await;
+    tally.report(&format!(
+        "exit {} after stop_app; delivering {} after start_app; probes (livez, readyz, metrics) {probes_down:?} while it was away, {probes_up:?} after",
+        secs(exited - stopped),
+        secs(recovered)
+    ));
+    assert!(tally.twice() <= 16, "at most one prefetch sent twice");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "disturbs a private broker node: make faults"]
+async fn memory_alarm_while_half_are_parked() {
+    let node = Node::get();
+    let pipeline = Pipeline::new("alarm", "").await;
+    let smtp = SmtpServer::start();
+    // Half the requests are refused once (451 at the end of DATA), so they are parked,
+    // and parking publishes: the alarm really blocks the worker.
+    let published = publish(&pipeline, 0..200, |i| {
+        if i % 2 == 0 {
+            "ok@example.com".into()
+        } else {
+            format!("f-{i:04}+451once@example.com")
+        }
+    })
+    .await;
+    let proxy = SmtpProxy::start(smtp.port, Mode::Slow).await;
+    let kubelet = Kubelet::start(&pipeline.amqp_url(), &smtp_url(proxy.port), &[]);
+    eventually(60, "20 mails delivered", || async {
+        (distinct(&delivered(&smtp)) >= 20).then_some(())
+    })
+    .await;
+
+    let alarmed = Instant::now();
+    let clear = Undo(&["set_vm_memory_high_watermark", "0.4"]);
+    node.ctl(&["set_vm_memory_high_watermark", "0.0000001"]);
+    let (status, body) = eventually(20, "/readyz not ready while blocked", || async {
+        kubelet.readyz().filter(|(status, _)| *status == 503)
+    })
+    .await;
+    let not_ready = alarmed.elapsed();
+    assert!(body.contains("blocks publishing"), "{status} {body}");
+    let probes_blocked = kubelet.probes();
+    tokio::time::sleep_until((alarmed + Duration::from_secs(20)).into()).await;
+    drop(clear);
+    let cleared = Instant::now();
+    eventually(30, "/readyz ready again", || async {
+        kubelet.readyz().filter(|(status, _)| *status == 200)
+    })
+    .await;
+    let ready_again = cleared.elapsed();
+    eventually(90, "every mail delivered", || async {
+        (distinct(&delivered(&smtp)) == published.len()).then_some(())
+    })
+    .await;
+    let restarts = kubelet.restarts();
+    kubelet.stop();
+    let tally = Tally::take(
+        "memory alarm 20s, half parked once",
+        &pipeline,
+        published,
+        delivered(&smtp),
+    )
+    .await;
+    tally.report(&format!(
+        "not ready {} after the alarm (probes {probes_blocked:?}); ready {} after it cleared; {restarts} restarts",
+        secs(not_ready),
+        secs(ready_again)
+    ));
+    assert_eq!(tally.twice(), 0, "nothing sent twice");
+    assert_eq!(restarts, 0, "the worker waits out a 20s alarm");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "disturbs a private broker node: make faults"]
+async fn retry_queue_full() {
+    let pipeline = Pipeline::new("full", "retryQueueMaxLength: 2").await;
+    let smtp = SmtpServer::start();
+    let published = publish(&pipeline, 0..30, |_| "busy+450@example.com".into()).await;
+    let started = Instant::now();
+    let kubelet = Kubelet::start(
+        &pipeline.amqp_url(),
+        &smtp_url(smtp.port),
+        &[("MAIL_MAX_ATTEMPTS", "3")],
+    );
+    eventually(150, "every request dead-lettered", || async {
+        (depth(&pipeline, "mail.send.dead").await as usize == published.len()).then_some(())
+    })
+    .await;
+    let took = started.elapsed();
+    let restarts = kubelet.restarts();
+    let failed = kubelet.exits_failed();
+    kubelet.stop();
+    let tally = Tally::take(
+        "retry queue full (max-length 2, reject-publish)",
+        &pipeline,
+        published,
+        delivered(&smtp),
+    )
+    .await;
+    tally.report(&format!(
+        "all dead-lettered within {}; {restarts} worker exits, each non-zero",
+        secs(took)
+    ));
+    assert!(failed, "a failed park exits non-zero");
+    assert!(restarts > 0, "the full retry queue refused parks");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "disturbs a private broker node: make faults"]
+async fn send_queue_deleted() {
+    let pipeline = Pipeline::new("deleted", "").await;
+    let smtp = SmtpServer::start();
+    let kubelet = Kubelet::start(&pipeline.amqp_url(), &smtp_url(smtp.port), &[]);
+    eventually(30, "ready", || async {
+        kubelet.readyz().filter(|(status, _)| *status == 200)
+    })
+    .await;
+    let deleted = Instant::now();
+    pipeline.delete_queue("mail.send").await;
+    let exited = eventually(30, "the worker's exit", || async {
+        kubelet.exited_after(deleted)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let probes_gone = kubelet.probes();
+    pipeline.apply().await;
+    let repaired = Instant::now();
+    eventually(60, "ready again", || async {
+        kubelet.readyz().filter(|(status, _)| *status == 200)
+    })
+    .await;
+    let recovered = repaired.elapsed();
+    let published = publish(&pipeline, 0..20, |_| "ok@example.com".into()).await;
+    eventually(30, "every mail delivered", || async {
+        (distinct(&delivered(&smtp)) == published.len()).then_some(())
+    })
+    .await;
+    let failed = kubelet.exits_failed();
+    kubelet.stop();
+    let tally = Tally::take(
+        "send queue deleted, then the topology applied",
+        &pipeline,
+        published,
+        delivered(&smtp),
+    )
+    .await;
+    tally.report(&format!(
+        "exit {} after the delete; probes {probes_gone:?} while it is missing; ready {} after apply",
+        secs(exited - deleted),
+        secs(recovered)
+    ));
+    assert!(failed, "a cancelled consumer exits non-zero");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "disturbs a private broker node: make faults"]
+async fn smtp_server_that_never_answers() {
+    let pipeline = Pipeline::new("silent", "").await;
+    let smtp = SmtpServer::start();
+    let proxy = SmtpProxy::start(smtp.port, Mode::Silent).await;
+    let published = publish(&pipeline, 0..30, |_| "ok@example.com".into()).await;
+    let kubelet = Kubelet::start(
+        &pipeline.amqp_url(),
+        &smtp_url(proxy.port),
+        &[("MAIL_SEND_TIMEOUT", "3s")],
+    );
+    // Every send of the first attempt times out, and is parked.
+    eventually(30, "parked after the send timeout", || async {
+        (depth(&pipeline, "mail.send.retry").await > 0).then_some(())
+    })
+    .await;
+    let probes_hanging = kubelet.probes();
+    proxy.set(Mode::Pass);
+    let answering = Instant::now();
+    eventually(90, "every mail delivered", || async {
+        (distinct(&delivered(&smtp)) == published.len()).then_some(())
+    })
+    .await;
+    let took = answering.elapsed();
+    let restarts = kubelet.restarts();
+    kubelet.stop();
+    let tally = Tally::take(
+        "SMTP server accepts and never answers (MAIL_SEND_TIMEOUT 3s)",
+        &pipeline,
+        published,
+        delivered(&smtp),
+    )
+    .await;
+    tally.report(&format!(
+        "sends time out and are parked, probes {probes_hanging:?}; all delivered {} after it answers; {restarts} restarts",
+        secs(took)
+    ));
+    assert_eq!(restarts, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "disturbs a private broker node: make faults"]
+async fn smtp_server_dropping_mid_data() {
+    let pipeline = Pipeline::new("cut", "").await;
+    let smtp = SmtpServer::start();
+    let proxy = SmtpProxy::start(smtp.port, Mode::CutMidData).await;
+    let published = publish(&pipeline, 0..30, |_| "ok@example.com".into()).await;
+    let kubelet = Kubelet::start(&pipeline.amqp_url(), &smtp_url(proxy.port), &[]);
+    eventually(30, "sessions cut", || async {
+        (depth(&pipeline, "mail.send.retry").await > 0).then_some(())
+    })
+    .await;
+    let probes_cutting = kubelet.probes();
+    proxy.set(Mode::Pass);
+    let passing = Instant::now();
+    eventually(90, "every mail delivered", || async {
+        (distinct(&delivered(&smtp)) == published.len()).then_some(())
+    })
+    .await;
+    let took = passing.elapsed();
+    let restarts = kubelet.restarts();
+    kubelet.stop();
+    let tally = Tally::take(
+        "SMTP server drops the connection mid-DATA",
+        &pipeline,
+        published,
+        delivered(&smtp),
+    )
+    .await;
+    tally.report(&format!(
+        "cut sends parked, probes {probes_cutting:?}; all delivered {} after it stops cutting; {restarts} restarts",
+        secs(took)
+    ));
+    assert_eq!(
+        tally.twice(),
+        0,
+        "a send cut before DATA's end sent nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "disturbs a private broker node: make faults"]
+async fn a_provider_that_panics() {
+    let pipeline = Pipeline::new("panic", "").await;
+    // Ten good requests behind twenty that panic: more than a prefetch of panics.
+    let mut published = publish(&pipeline, 0..20, |_| "panic@example.com".into()).await;
+    published.extend(publish(&pipeline, 20..30, |_| "ok@example.com".into()).await);
+    let provider = Arc::new(TestProvider::default());
+    let started = Instant::now();
+    let worker = InProcess::start(&pipeline.amqp_url(), provider.clone(), 16);
+    eventually(
+        90,
+        "the panicking ones dead-lettered, the good ones sent",
+        || async {
+            (depth(&pipeline, "mail.send.dead").await == 20 && worker.settled("sent") == 10)
+                .then_some(())
+        },
+    )
+    .await;
+    let took = started.elapsed();
+    let panicked = worker.settled("panicked");
+    let ready = worker.health.is_ready();
+    assert!(worker.stop().await.is_ok());
+    let sent: Vec<String> = provider
+        .sent
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|id| {
+            id.trim_matches(['<', '>'])
+                .split('@')
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(distinct(&sent), 10);
+    let tally = Tally::take(
+        "provider panics (20 of 30 requests)",
+        &pipeline,
+        published,
+        sent,
+    )
+    .await;
+    tally.report(&format!(
+        "{panicked} panics rejected with requeue, counted; settled within {}; ready throughout: {ready}",
+        secs(took)
+    ));
+    assert!(ready);
+}

@@ -1,0 +1,274 @@
+//! The worker when things go wrong that the shared brokers can show without being
+//! disturbed: a peer that never speaks AMQP, a panicking provider, the consuming
+//! connection closed by the broker mid-send. (Broker restarts and alarms run on private
+//! nodes: tests/faults.rs, `make faults`.)
+
+pub mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::BasicProperties;
+use mailer::worker::WorkerError;
+use serde_json::json;
+use support::broker::{
+    TestVhost, confirming_channel, get_within, pipeline, publish, raw_api, text,
+};
+use support::inproc::{InProcess, settled};
+use support::process::{eventually, exit_within, free_port, http_get, signal, start_worker_with};
+use support::provider::TestProvider;
+
+fn request(to: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "from": "shop@example.com", "to": [to], "subject": "Hi", "text": "Hello"
+    }))
+    .unwrap()
+}
+
+fn properties(id: &str) -> BasicProperties {
+    BasicProperties::default()
+        .with_message_id(id.into())
+        .with_delivery_mode(2)
+}
+
+async fn ready(vhost: &TestVhost, queue: &str) -> u32 {
+    let connection = vhost.connect().await;
+    let channel = connection.create_channel().await.unwrap();
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            Default::default(),
+        )
+        .await
+        .expect("passive declare");
+    let _ = connection.close(200, "looked".into()).await;
+    declared.message_count()
+}
+
+#[tokio::test]
+async fn sigterm_while_connecting_to_a_silent_peer_stops_at_once_and_the_probes_say_why() {
+    // A peer that accepts TCP and never speaks AMQP.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let amqp = format!(
+        "amqp://guest:guest@127.0.0.1:{}/%2f",
+        silent.local_addr().unwrap().port()
+    );
+    let http = free_port();
+    let addr = format!("127.0.0.1:{http}");
+    let mut worker = start_worker_with(
+        &amqp,
+        "discard://",
+        &[("MAIL_HTTP_ADDR", &addr), ("MAIL_CONNECT_TIMEOUT", "1s")],
+    );
+    let (status, body) = eventually(10, "/readyz", || async { http_get(http, "/readyz") }).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("connecting"), "{body}");
+    // Past the first timed-out attempt, into the retries: still live, since it is trying.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(http_get(http, "/livez").map(|(s, _)| s), Some(200));
+    signal(&worker, "TERM");
+    let started = std::time::Instant::now();
+    assert!(exit_within(&mut worker, Duration::from_secs(5)).success());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(silent);
+}
+
+#[tokio::test]
+async fn a_broker_that_refuses_connections_is_given_up_after_five_attempts_with_backoff() {
+    let amqp = format!("amqp://guest:guest@127.0.0.1:{}/%2f", free_port());
+    let started = std::time::Instant::now();
+    let mut worker = start_worker_with(&amqp, "discard://", &[("MAIL_CONNECT_TIMEOUT", "1s")]);
+    let status = exit_within(&mut worker, Duration::from_secs(40));
+    assert!(!status.success(), "giving up exits non-zero");
+    // Waits of 1, 2, 4 and 8 seconds between the five attempts.
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(15) && took < Duration::from_secs(25),
+        "{took:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_panicking_provider_never_leaks_a_delivery() {
+    let vhost = pipeline("panic", "").await;
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    // More panicking requests than the prefetch: if a panic held its delivery, the worker
+    // would stall with every slot taken, and the good ones behind them would never go.
+    let panicking = 20;
+    for i in 0..panicking {
+        let id = format!("p-{i:02}");
+        publish(
+            &channel,
+            "mail",
+            "mail.send",
+            &request("panic@example.com"),
+            properties(&id),
+        )
+        .await;
+    }
+    for i in 0..4 {
+        let id = format!("ok-{i}");
+        publish(
+            &channel,
+            "mail",
+            "mail.send",
+            &request("ok@example.com"),
+            properties(&id),
+        )
+        .await;
+    }
+    let provider = Arc::new(TestProvider::default());
+    let worker = InProcess::start(&vhost.amqp_url(), provider.clone(), 16);
+
+    // Each panicking request is rejected with requeue until the delivery limit
+    // dead-letters it (six deliveries each).
+    let mut dead = Vec::new();
+    while dead.len() < panicking {
+        let message = get_within(&channel, "mail.send.dead", Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|| panic!("only {} of {panicking} dead-lettered", dead.len()));
+        let headers = message
+            .delivery
+            .properties
+            .headers()
+            .clone()
+            .unwrap_or_default();
+        assert_eq!(
+            text(headers.inner().get("x-first-death-reason")).as_deref(),
+            Some("delivery_limit")
+        );
+        dead.push(
+            message
+                .delivery
+                .properties
+                .message_id()
+                .clone()
+                .unwrap()
+                .to_string(),
+        );
+        message
+            .delivery
+            .acker
+            .ack(Default::default())
+            .await
+            .unwrap();
+    }
+    eventually(10, "the good requests sent", || async {
+        (worker.settled("sent") == 4).then_some(())
+    })
+    .await;
+    assert_eq!(worker.settled("panicked"), 6 * panicking as u64);
+    assert!(worker.health.is_ready());
+    assert!(worker.stop().await.is_ok());
+    assert_eq!(ready(&vhost, "mail.send").await, 0);
+}
+
+#[tokio::test]
+async fn losing_the_consuming_connection_abandons_every_send_at_once_and_loses_nothing() {
+    let vhost = pipeline("lost", "").await;
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    for i in 0..20 {
+        let id = format!("m-{i:02}");
+        publish(
+            &channel,
+            "mail",
+            "mail.send",
+            &request("ok@example.com"),
+            properties(&id),
+        )
+        .await;
+    }
+    // Sends that take longer than the test: when the connection goes, all are mid-send.
+    let provider = Arc::new(TestProvider {
+        delay: Duration::from_secs(600),
+        ..Default::default()
+    });
+    let worker = InProcess::start(&vhost.amqp_url(), provider.clone(), 8);
+    eventually(30, "8 sends under way", || async {
+        (provider.started.lock().unwrap().len() == 8).then_some(())
+    })
+    .await;
+
+    // The broker closes the worker's consuming connection, as it does when a node stops.
+    let api = raw_api();
+    let consuming = eventually(30, "the consuming connection listed", || async {
+        let listed = api.list_connections_in(&vhost.name).await.ok()?;
+        listed
+            .into_iter()
+            .find(|c| c.client_properties.connection_name == "mailer-worker-consume")
+    })
+    .await;
+    api.close_connection(&consuming.name, Some("test: the connection goes"), false)
+        .await
+        .expect("close the connection");
+    let closed = std::time::Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(5), worker.run)
+        .await
+        .expect("the worker exits within seconds")
+        .expect("the worker's task");
+    match result {
+        Err(WorkerError::ConsumeLost { abandoned, .. }) => assert_eq!(abandoned, 8),
+        other => panic!("expected the consuming connection lost, got {other:?}"),
+    }
+    assert!(closed.elapsed() < Duration::from_secs(5));
+    assert!(provider.sent.lock().unwrap().is_empty(), "no send went on");
+    eventually(30, "every request back in mail.send", || async {
+        (ready(&vhost, "mail.send").await == 20).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn returns_are_matched_to_their_own_publish_when_many_are_in_flight() {
+    let vhost = pipeline("returns", "").await;
+    support::broker::remove_retry_binding(&vhost).await;
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    // Eight parks that the broker returns (no binding behind mail.retry) and eight dead
+    // letters that it routes, all in flight at once: a return paired with another
+    // publish's confirm would fail a dead letter, or worse, take a returned park as done.
+    for i in 0..8 {
+        let id = format!("later-{i}");
+        publish(
+            &channel,
+            "mail",
+            "mail.send",
+            &request("later@example.com"),
+            properties(&id),
+        )
+        .await;
+        let id = format!("bad-{i}");
+        publish(&channel, "mail", "mail.send", b"not json", properties(&id)).await;
+    }
+    let provider = Arc::new(TestProvider {
+        delay: Duration::from_millis(200),
+        ..Default::default()
+    });
+    let worker = InProcess::start(&vhost.amqp_url(), provider, 16);
+    let result = tokio::time::timeout(Duration::from_secs(30), worker.run)
+        .await
+        .expect("the worker stops")
+        .expect("the worker's task");
+    let error = result
+        .expect_err("a returned park stops the worker")
+        .to_string();
+    assert!(error.contains("returned as unroutable"), "{error}");
+    assert!(!error.contains("not the one published"), "{error}");
+    assert_eq!(settled(&worker.registry, "publish_failed"), 8);
+    assert_eq!(settled(&worker.registry, "dead_lettered"), 8);
+    eventually(30, "the parks back in mail.send", || async {
+        (ready(&vhost, "mail.send").await == 8).then_some(())
+    })
+    .await;
+    assert_eq!(ready(&vhost, "mail.send.dead").await, 8);
+}
