@@ -10,6 +10,8 @@ pub mod support;
 
 #[path = "controller/broker.rs"]
 mod broker;
+#[path = "controller/coexistence.rs"]
+mod coexistence;
 #[path = "controller/e2e.rs"]
 mod e2e;
 #[path = "controller/failures.rs"]
@@ -24,6 +26,8 @@ mod harness;
 mod process;
 #[path = "controller/running.rs"]
 mod running;
+#[path = "controller/tenancy.rs"]
+mod tenancy;
 #[path = "controller/worker_pod.rs"]
 mod worker_pod;
 

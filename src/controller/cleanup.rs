@@ -87,7 +87,8 @@ async fn clean_up_rabbitmq(
         Err(e @ Error::Kube { .. }) if e.is_transient() => return Err(e),
         Err(e) => {
             report.not_cleaned_up.push(format!(
-                "everything in RabbitMQ, since the broker could not be found: {e}"
+                "everything in RabbitMQ, since the broker could not be found: {}",
+                e.public_message()
             ));
             return Ok(report);
         }
@@ -97,7 +98,7 @@ async fn clean_up_rabbitmq(
         Err(e) => {
             report
                 .not_cleaned_up
-                .push(format!("everything in RabbitMQ: {e}"));
+                .push(format!("everything in RabbitMQ: {}", public(e)));
             return Ok(report);
         }
     };
@@ -108,7 +109,9 @@ async fn clean_up_rabbitmq(
         match management.delete_user(user).await {
             Ok(true) => report.removed.push(format!("user {user}")),
             Ok(false) => {}
-            Err(e) => report.not_cleaned_up.push(format!("user {user}: {e}")),
+            Err(e) => report
+                .not_cleaned_up
+                .push(format!("user {user}: {}", public(e))),
         }
     }
 
@@ -121,8 +124,9 @@ async fn clean_up_rabbitmq(
             Ok(capabilities) => capabilities,
             Err(e) => {
                 report.not_cleaned_up.push(format!(
-                    "the topology in vhost {:?}: {e}",
-                    spec.rabbitmq.vhost
+                    "the topology in vhost {:?}: {}",
+                    spec.rabbitmq.vhost,
+                    public(e)
                 ));
                 return Ok(report);
             }
@@ -162,9 +166,16 @@ async fn clean_up_rabbitmq(
                 }
             }
         }
-        Err(e) => report
-            .not_cleaned_up
-            .push(format!("the topology in vhost {:?}: {e}", desired.vhost)),
+        Err(e) => report.not_cleaned_up.push(format!(
+            "the topology in vhost {:?}: {}",
+            desired.vhost,
+            public(e)
+        )),
     }
     Ok(report)
+}
+
+/// What an event may say of a broker's failure (see [`Error::public_message`]).
+fn public(error: topology::TopologyError) -> String {
+    Error::from(error).public_message()
 }

@@ -10,10 +10,11 @@ use kube::{Client, ResourceExt};
 use super::connection::{self, get_secret, required_key};
 use super::context::Settings;
 use super::deployment::{
-    SECRETS_HASH_ANNOTATION, WorkerInputs, deployment_name, desired_deployment, secrets_hash,
+    SECRETS_HASH_ANNOTATION, WorkerInputs, deployment_name, desired_deployment, keep_live_selector,
+    secrets_hash,
 };
 use super::error::Error;
-use super::ssa::apply_if_changed;
+use super::ssa::{apply_if_changed, ensure_ours};
 use super::worker_user::{self, WorkerCredentials};
 use crate::spec::{MailerPipeline, QueueDepths};
 use crate::topology::{
@@ -50,17 +51,21 @@ pub async fn converge(
         .namespace()
         .ok_or(Error::IncompleteObject("namespace"))?;
 
-    let broker = connection::resolve(client, pipeline).await?;
-    let management = Management::new(&broker.endpoint)?;
-    let desired_topology = Topology::desired(&pipeline.spec, management.capabilities().await?)?;
-    let topology_changes = topology::apply(&management, &desired_topology).await?;
-
+    // What the operator would make must be its own before anything is written anywhere.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let secret_name = worker_user::secret_name(pipeline);
     let live_secret = secrets
         .get_opt(&secret_name)
         .await
         .map_err(|e| Error::kube(format!("read Secret {namespace}/{secret_name}"), e))?;
+    ensure_ours("Deployment", live_deployment.as_ref(), pipeline)?;
+    ensure_ours("Secret", live_secret.as_ref(), pipeline)?;
+
+    let broker = connection::resolve(client, pipeline).await?;
+    let management = Management::new(&broker.endpoint)?;
+    let desired_topology = Topology::desired(&pipeline.spec, management.capabilities().await?)?;
+    let topology_changes = topology::apply(&management, &desired_topology).await?;
+
     let credentials = worker_user::credentials(client, pipeline, live_secret.as_ref()).await?;
     let mut user_changes = ensure_worker_user(&management, pipeline, &credentials).await?;
     if let Some(replaced) = worker_user::replaced_managed_user(live_secret.as_ref(), &credentials)
@@ -99,7 +104,10 @@ pub async fn converge(
         default_image: &settings.worker_image,
         secrets_hash: &hash,
     };
-    let desired = desired_deployment(pipeline, inputs)?;
+    let mut desired = desired_deployment(pipeline, inputs)?;
+    if let Some(live) = &live_deployment {
+        keep_live_selector(&mut desired, live);
+    }
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
     let name = deployment_name(pipeline);
     let applied = apply_if_changed(&deployments, &desired, live_deployment.as_ref())

@@ -16,10 +16,12 @@ pub mod error;
 pub mod leader;
 pub mod meta;
 pub mod metrics;
+pub mod quantity;
 pub mod reasons;
 pub mod reconcile;
 pub mod ssa;
 pub mod status;
+pub mod tenancy;
 pub mod watch;
 pub mod worker_user;
 

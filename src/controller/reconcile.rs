@@ -112,9 +112,12 @@ async fn apply(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action, Error
             generation: pipeline.metadata.generation,
             topology: TopologyOutcome::Failed {
                 reason: e.reason(),
-                message: e.to_string(),
+                message: e.public_message(),
             },
-            deployment: fallback.as_ref(),
+            // A Deployment of that name that is not ours says nothing about our workers.
+            deployment: fallback
+                .as_ref()
+                .filter(|_| !matches!(e, Error::NotOurs { .. })),
             desired_workers: pipeline.spec.worker.replicas,
             deployment_name: &worker_deployment,
             queues: None,
@@ -169,7 +172,7 @@ async fn publish_events(
                     EventType::Warning,
                     &reason,
                     "Reconcile",
-                    e.to_string(),
+                    e.public_message(),
                 )
                 .await;
             }

@@ -105,6 +105,11 @@ impl FakeApi {
         state.objects.insert(path.to_string(), object);
     }
 
+    /// Removes the object at `path`, as if someone deleted it.
+    pub fn remove(&self, path: &str) {
+        self.state.lock().unwrap().objects.remove(path);
+    }
+
     pub fn get(&self, path: &str) -> Option<Value> {
         self.state.lock().unwrap().objects.get(path).cloned()
     }
