@@ -16,8 +16,8 @@ mod coexistence;
 mod e2e;
 #[path = "controller/failures.rs"]
 mod failures;
-#[path = "controller/fake_api.rs"]
-mod fake_api;
+#[path = "controller/fake_api/mod.rs"]
+pub mod fake_api;
 #[path = "controller/flow.rs"]
 mod flow;
 #[path = "controller/harness.rs"]

@@ -85,7 +85,7 @@ async fn a_deployment_or_secret_of_the_workers_name_that_is_not_ours_is_left_alo
     }
 
     // A Secret of the worker Secret's name that is someone else's: the same.
-    h.fake.remove(&deployment_path(&worker_deployment));
+    h.fake.delete(&deployment_path(&worker_deployment)).unwrap();
     h.seed_secret(&format!("{name}-worker-amqp"), &[("password", "theirs")]);
     let (result, requests) = h.reconcile(&name).await;
     assert_eq!(result.unwrap_err().reason(), "Conflict");

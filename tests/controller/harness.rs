@@ -96,10 +96,17 @@ impl Harness {
         (result, self.fake.take_requests())
     }
 
+    /// Deletes the pipeline as `kubectl delete` would: its finalizer holds it, marked
+    /// with a `deletionTimestamp`.
     pub fn mark_deleted(&self, name: &str) {
-        let mut object = self.fake.get(&pipeline_path(name)).unwrap();
-        object["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-        self.fake.put(&pipeline_path(name), object);
+        let deleted = self
+            .fake
+            .delete(&pipeline_path(name))
+            .expect("pipeline stored");
+        assert!(
+            deleted["metadata"]["deletionTimestamp"].is_string(),
+            "a finalizer holds {name}"
+        );
     }
 
     pub fn secret_value(&self, name: &str, key: &str) -> String {

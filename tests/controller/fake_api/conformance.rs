@@ -1,0 +1,367 @@
+//! The fake API server against what kube-apiserver does, through `kube::Api` as the
+//! controller uses it: each rule the controller's logic depends on, checked.
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::core::PartialObjectMeta;
+use kube::runtime::{WatchStreamExt, watcher};
+use mailer::spec::MailerPipeline;
+use serde_json::json;
+
+use super::FakeApi;
+
+const NS: &str = "prod";
+
+fn pipeline(name: &str) -> serde_json::Value {
+    json!({"apiVersion": "mailer.dev/v1alpha1", "kind": "MailerPipeline",
+           "metadata": {"name": name, "namespace": NS},
+           "spec": {"rabbitmq": {"connectionSecret": {"name": "conn"}}}})
+}
+
+fn secret(name: &str, labels: serde_json::Value) -> Secret {
+    serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "data": {"k": "dmFsdWU="}}))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn status_is_a_subresource_and_generation_counts_spec_changes() {
+    let fake = FakeApi::default();
+    let api: Api<MailerPipeline> = Api::namespaced(fake.client(), NS);
+    let mut with_status = pipeline("shop");
+    with_status["status"] = json!({"observedGeneration": 7});
+    let created = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(with_status).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.metadata.generation, Some(1));
+    assert!(created.status.is_none(), "a create drops the status");
+    assert!(created.metadata.uid.is_some());
+
+    let patched = api
+        .patch_status(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"observedGeneration": 1}, "spec": {"worker": {"replicas": 9}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.status.unwrap().observed_generation, Some(1));
+    assert_eq!(
+        patched.spec.worker.replicas, 1,
+        "a status write changes only the status"
+    );
+    assert_eq!(patched.metadata.generation, Some(1), "nor the generation");
+
+    let patched = api
+        .patch(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"observedGeneration": 5}, "metadata": {"labels": {"a": "b"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        patched.status.as_ref().unwrap().observed_generation,
+        Some(1),
+        "an object write never changes the status"
+    );
+    assert_eq!(patched.metadata.generation, Some(1), "metadata is not spec");
+
+    let patched = api
+        .patch(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"worker": {"replicas": 3}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.metadata.generation, Some(2));
+
+    let version = patched.metadata.resource_version.clone();
+    let same = api
+        .patch(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"worker": {"replicas": 3}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        same.metadata.resource_version, version,
+        "a write that changes nothing is none"
+    );
+}
+
+#[tokio::test]
+async fn a_stale_resource_version_is_a_conflict() {
+    let fake = FakeApi::default();
+    let api: Api<Secret> = Api::namespaced(fake.client(), NS);
+    let first = api
+        .create(&PostParams::default(), &secret("s", json!({})))
+        .await
+        .unwrap();
+    let mut changed = first.clone();
+    changed.metadata.labels = Some([("a".to_string(), "1".to_string())].into());
+    api.replace("s", &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    let mut stale = first.clone();
+    stale.metadata.labels = Some([("a".to_string(), "2".to_string())].into());
+    let refused = api
+        .replace("s", &PostParams::default(), &stale)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, kube::Error::Api(ref s) if s.code == 409),
+        "{refused}"
+    );
+    let refused = api
+        .patch("s", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"resourceVersion": first.metadata.resource_version, "labels": {"a": "3"}}})))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, kube::Error::Api(ref s) if s.code == 409),
+        "{refused}"
+    );
+    let again = api
+        .create(&PostParams::default(), &secret("s", json!({})))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(again, kube::Error::Api(ref s) if s.code == 409 && s.reason == "AlreadyExists")
+    );
+}
+
+#[tokio::test]
+async fn finalizers_hold_a_deleted_object_and_owned_objects_go_with_their_owner() {
+    let fake = FakeApi::default();
+    let api: Api<MailerPipeline> = Api::namespaced(fake.client(), NS);
+    let mut object = pipeline("shop");
+    object["metadata"]["finalizers"] = json!(["mailer.dev/cleanup"]);
+    let created = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(object).unwrap(),
+        )
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(fake.client(), NS);
+    let mut owned = secret("owned", json!({}));
+    owned.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "mailer.dev/v1alpha1".into(),
+            kind: "MailerPipeline".into(),
+            name: "shop".into(),
+            uid: created.metadata.uid.clone().unwrap(),
+            controller: Some(true),
+            ..Default::default()
+        },
+    ]);
+    let owned = secrets
+        .create(&PostParams::default(), &owned)
+        .await
+        .unwrap();
+    assert_eq!(
+        owned.metadata.owner_references.unwrap()[0].name,
+        "shop",
+        "owner references are kept"
+    );
+
+    api.delete("shop", &DeleteParams::default()).await.unwrap();
+    let marked = api.get("shop").await.unwrap();
+    assert!(marked.metadata.deletion_timestamp.is_some());
+    let refused = api
+        .patch(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(
+                    json!([{"op": "add", "path": "/metadata/finalizers/-", "value": "other"}]),
+                )
+                .unwrap(),
+            ),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, kube::Error::Api(ref s) if s.code == 422),
+        "no new finalizer while deleting"
+    );
+    assert!(secrets.get_opt("owned").await.unwrap().is_some());
+
+    api.patch(
+        "shop",
+        &PatchParams::default(),
+        &Patch::Json::<()>(
+            serde_json::from_value(json!([{"op": "remove", "path": "/metadata/finalizers/0"}]))
+                .unwrap(),
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(
+        api.get_opt("shop").await.unwrap().is_none(),
+        "gone with its last finalizer"
+    );
+    assert!(
+        secrets.get_opt("owned").await.unwrap().is_none(),
+        "what it owned went with it"
+    );
+}
+
+#[tokio::test]
+async fn watches_stream_what_happens_from_a_resource_version_through_label_selectors() {
+    let fake = FakeApi::default();
+    let api: Api<Secret> = Api::namespaced(fake.client(), NS);
+    api.create(
+        &PostParams::default(),
+        &secret("before", json!({"app": "mail"})),
+    )
+    .await
+    .unwrap();
+    let list = api
+        .list(&ListParams::default().labels("app=mail"))
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 1);
+    let version = list.metadata.resource_version.unwrap();
+    let events = api
+        .watch(&WatchParams::default().labels("app=mail"), &version)
+        .await
+        .unwrap();
+    tokio::pin!(events);
+    api.create(
+        &PostParams::default(),
+        &secret("other", json!({"app": "web"})),
+    )
+    .await
+    .unwrap();
+    api.create(
+        &PostParams::default(),
+        &secret("new", json!({"app": "mail"})),
+    )
+    .await
+    .unwrap();
+    api.patch(
+        "new",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "eA=="}})),
+    )
+    .await
+    .unwrap();
+    api.patch(
+        "new",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "web"}}})),
+    )
+    .await
+    .unwrap();
+    api.patch(
+        "other",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "mail"}}})),
+    )
+    .await
+    .unwrap();
+    api.delete("before", &DeleteParams::default())
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        let event = tokio::time::timeout(Duration::from_secs(5), events.try_next())
+            .await
+            .expect("events arrive as they happen")
+            .unwrap()
+            .unwrap();
+        seen.push(match event {
+            WatchEvent::Added(s) => format!("ADDED {}", s.metadata.name.unwrap()),
+            WatchEvent::Modified(s) => format!("MODIFIED {}", s.metadata.name.unwrap()),
+            WatchEvent::Deleted(s) => format!("DELETED {}", s.metadata.name.unwrap()),
+            other => format!("{other:?}"),
+        });
+    }
+    assert_eq!(
+        seen,
+        [
+            "ADDED new",
+            "MODIFIED new",
+            "DELETED new",
+            "ADDED other",
+            "DELETED before"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn metadata_lists_and_watches_carry_no_data() {
+    let fake = FakeApi::default();
+    let api: Api<Secret> = Api::namespaced(fake.client(), NS);
+    api.create(&PostParams::default(), &secret("a", json!({})))
+        .await
+        .unwrap();
+    let list = api.list_metadata(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items[0].metadata.name.as_deref(), Some("a"));
+    let metadata: Api<PartialObjectMeta<Secret>> = Api::namespaced(fake.client(), NS);
+    let stream = watcher(metadata, watcher::Config::default()).applied_objects();
+    tokio::pin!(stream);
+    let first = stream.next().await.unwrap().unwrap();
+    assert_eq!(first.metadata.name.as_deref(), Some("a"));
+    api.create(&PostParams::default(), &secret("b", json!({})))
+        .await
+        .unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.metadata.name.as_deref(), Some("b"));
+    let requests = fake.take_requests();
+    let watch = requests.iter().find(|r| r.is_watch()).unwrap();
+    assert!(
+        watch.accept.contains("as=PartialObjectMetadata"),
+        "{}",
+        watch.accept
+    );
+}
+
+#[tokio::test]
+async fn a_compacted_resource_version_is_gone_and_pages_continue() {
+    let fake = FakeApi::default();
+    let api: Api<Secret> = Api::namespaced(fake.client(), NS);
+    for name in ["a", "b", "c"] {
+        api.create(&PostParams::default(), &secret(name, json!({})))
+            .await
+            .unwrap();
+    }
+    let page = api.list(&ListParams::default().limit(2)).await.unwrap();
+    assert_eq!(page.items.len(), 2);
+    let token = page.metadata.continue_.clone().unwrap();
+    let rest = api
+        .list(&ListParams::default().limit(2).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(rest.items.len(), 1);
+    assert!(rest.metadata.continue_.is_none());
+
+    fake.compact();
+    let events = api.watch(&WatchParams::default(), "1").await.unwrap();
+    tokio::pin!(events);
+    match events.try_next().await.unwrap() {
+        Some(WatchEvent::Error(e)) => assert_eq!(e.code, 410),
+        other => panic!("expected 410 Gone, got {other:?}"),
+    }
+}

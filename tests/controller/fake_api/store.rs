@@ -1,0 +1,505 @@
+//! The objects and their history, with kube-apiserver's rules for writes: the server
+//! owns `uid`, `creationTimestamp`, `deletionTimestamp`, `generation` and
+//! `resourceVersion`; a stale `resourceVersion` is a conflict; a write that changes
+//! nothing is no write (no new version, no watch event); the `status` subresource is
+//! written apart from the object; `generation` counts changes of everything but metadata
+//! and status; DELETE of an object with finalizers only marks it, and it goes when its
+//! last finalizer does; what it owns goes with it (the garbage collector's part).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
+
+use serde_json::{Value, json};
+
+use super::address::Address;
+use super::patch;
+use super::selector::Selector;
+
+/// What a watch reports about one object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "ADDED",
+            Self::Modified => "MODIFIED",
+            Self::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change in the history watches read.
+#[derive(Debug, Clone)]
+pub struct Logged {
+    pub version: u64,
+    pub address: Address,
+    pub kind: EventType,
+    pub previous: Option<Value>,
+    pub object: Value,
+}
+
+/// A refused request: the HTTP code, the `Status` reason and message.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    pub fn not_found(key: &str) -> Self {
+        Self::new(404, "NotFound", format!("{key} not found"))
+    }
+}
+
+/// The patch formats, by content type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchKind {
+    Merge,
+    Json,
+    Apply,
+}
+
+/// Resources served whether or not an object of theirs exists; others (a CRD's) are
+/// served once an object of theirs was stored, or they were installed.
+const BUILT_IN: &[&str] = &[
+    "/api/v1",
+    "/apis/apps/v1",
+    "/apis/coordination.k8s.io/v1",
+    "/apis/events.k8s.io/v1",
+    "/apis/mailer.dev/v1alpha1",
+    "/apis/apiextensions.k8s.io/v1",
+];
+
+#[derive(Default)]
+pub struct Store {
+    objects: BTreeMap<String, Value>,
+    log: Vec<Logged>,
+    /// The newest resourceVersion handed out.
+    pub version: u64,
+    /// Versions up to this one were compacted away: a watch from them gets 410 Gone.
+    pub compacted: u64,
+    installed: BTreeSet<(String, String)>,
+    uids: u64,
+}
+
+impl Store {
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.objects.get(key)
+    }
+
+    /// Makes `prefix`/`resource` served (e.g. a CRD that was installed).
+    pub fn install(&mut self, prefix: &str, resource: &str) {
+        self.installed
+            .insert((prefix.to_string(), resource.to_string()));
+    }
+
+    pub fn serves(&self, prefix: &str, resource: &str) -> bool {
+        BUILT_IN.contains(&prefix)
+            || self
+                .installed
+                .contains(&(prefix.to_string(), resource.to_string()))
+    }
+
+    /// The resources served under `prefix`, for its discovery document.
+    pub fn resources_under(&self, prefix: &str) -> Vec<String> {
+        self.installed
+            .iter()
+            .filter(|(p, _)| p == prefix)
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+
+    /// One page of `collection`'s objects that `selector` selects, after the key
+    /// `after`; and the key to continue from when more follow.
+    pub fn list(
+        &self,
+        collection: &Address,
+        selector: &Selector,
+        after: Option<&str>,
+        limit: Option<usize>,
+    ) -> (Vec<Value>, Option<String>) {
+        let start = match after {
+            Some(key) => Bound::Excluded(key.to_string()),
+            None => Bound::Unbounded,
+        };
+        let mut items = Vec::new();
+        let mut last = None;
+        for (key, object) in self.objects.range((start, Bound::Unbounded)) {
+            let selected = Address::parse(key).is_some_and(|a| collection.contains(&a))
+                && selector.matches(object);
+            if !selected {
+                continue;
+            }
+            if limit.is_some_and(|limit| items.len() == limit) {
+                return (items, last);
+            }
+            items.push(object.clone());
+            last = Some(key.clone());
+        }
+        (items, None)
+    }
+
+    /// Every current object of `collection` that `selector` selects.
+    pub fn snapshot(&self, collection: &Address, selector: &Selector) -> Vec<Value> {
+        self.list(collection, selector, None, None).0
+    }
+
+    /// What a watch of `collection` with `selector` reports after `since`: an object
+    /// that starts to be selected is ADDED, one that stops being selected is DELETED.
+    pub fn events_since(
+        &self,
+        collection: &Address,
+        selector: &Selector,
+        since: u64,
+    ) -> Vec<(EventType, Value)> {
+        let first = self.log.partition_point(|e| e.version <= since);
+        self.log[first..]
+            .iter()
+            .filter(|e| collection.contains(&e.address))
+            .filter_map(|e| {
+                let was = e.previous.as_ref().is_some_and(|p| selector.matches(p));
+                let is = selector.matches(&e.object);
+                let kind = match (e.kind, was, is) {
+                    (EventType::Deleted, true, _) => EventType::Deleted,
+                    (EventType::Deleted, false, _) => return None,
+                    (_, false, true) => EventType::Added,
+                    (_, true, true) => EventType::Modified,
+                    (_, true, false) => EventType::Deleted,
+                    (_, false, false) => return None,
+                };
+                Some((kind, e.object.clone()))
+            })
+            .collect()
+    }
+
+    /// Forgets the history: watches from an older version get 410 Gone.
+    pub fn compact(&mut self) {
+        self.log.clear();
+        self.compacted = self.version;
+    }
+
+    /// POST to a collection.
+    pub fn create(&mut self, collection: &Address, mut body: Value) -> Result<Value, ApiError> {
+        let name = match body["metadata"]["name"].as_str() {
+            Some(name) if !name.is_empty() => name.to_string(),
+            _ => match body["metadata"]["generateName"].as_str() {
+                Some(prefix) => {
+                    self.uids += 1;
+                    format!("{prefix}{:05x}", self.uids)
+                }
+                None => {
+                    return Err(ApiError::new(
+                        422,
+                        "Invalid",
+                        "metadata.name: Required value",
+                    ));
+                }
+            },
+        };
+        let address = collection.with_name(&name);
+        if self.objects.contains_key(&address.key()) {
+            return Err(ApiError::new(
+                409,
+                "AlreadyExists",
+                format!("{} {name:?} already exists", address.resource),
+            ));
+        }
+        if address.has_status_subresource() {
+            strip(&mut body, "status");
+        }
+        self.commit(&address, None, body)
+    }
+
+    /// PUT of an object or its status.
+    pub fn replace(&mut self, address: &Address, body: Value) -> Result<Value, ApiError> {
+        let previous = self.existing(address)?;
+        check_version(&previous, &body)?;
+        let next = self.split_status(address, &previous, body);
+        self.commit(address, Some(previous), next)
+    }
+
+    /// PATCH of an object or its status; server-side apply creates a missing object.
+    pub fn patch(
+        &mut self,
+        address: &Address,
+        kind: PatchKind,
+        body: Value,
+    ) -> Result<Value, ApiError> {
+        let Some(previous) = self.objects.get(&address.key()).cloned() else {
+            if kind == PatchKind::Apply && address.subresource.is_none() {
+                let mut body = body;
+                if address.has_status_subresource() {
+                    strip(&mut body, "status");
+                }
+                return self.commit(address, None, body);
+            }
+            return Err(ApiError::not_found(&address.key()));
+        };
+        if body.is_object() {
+            check_version(&previous, &body)?;
+        }
+        let mut patched = previous.clone();
+        match kind {
+            PatchKind::Merge | PatchKind::Apply => patch::merge(&mut patched, &body),
+            PatchKind::Json => patch::json_patch(&mut patched, &body)
+                .map_err(|why| ApiError::new(422, "Invalid", why))?,
+        }
+        let next = self.split_status(address, &previous, patched);
+        self.commit(address, Some(previous), next)
+    }
+
+    /// DELETE: an object with finalizers is marked for deletion and stays until its last
+    /// finalizer is removed; one without goes at once, and so does what it owns.
+    pub fn delete(&mut self, address: &Address) -> Result<Value, ApiError> {
+        let previous = self.existing(address)?;
+        let finalizers = previous["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty());
+        if !finalizers {
+            return Ok(self.remove(address, previous));
+        }
+        if !previous["metadata"]["deletionTimestamp"].is_null() {
+            return Ok(previous);
+        }
+        let mut next = previous.clone();
+        next["metadata"]["deletionTimestamp"] = json!(now());
+        next["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+        Ok(self.record(address, Some(previous), next))
+    }
+
+    /// Stores `object` as a test seeds it: its status too, with the server's
+    /// bookkeeping (resourceVersion, uid, generation) applied.
+    pub fn put(&mut self, address: &Address, object: Value) -> Value {
+        let previous = self.objects.get(&address.key()).cloned();
+        match self.commit(address, previous, object) {
+            Ok(stored) => stored,
+            Err(e) => panic!("the fake API refused to store {}: {e:?}", address.key()),
+        }
+    }
+
+    fn existing(&self, address: &Address) -> Result<Value, ApiError> {
+        self.objects
+            .get(&address.key())
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&address.key()))
+    }
+
+    /// What a write to `address` makes of `previous` and the written `body`: a write
+    /// to `/status` changes only the status; one to an object with a status subresource
+    /// never changes its status.
+    fn split_status(&self, address: &Address, previous: &Value, body: Value) -> Value {
+        if address.subresource.as_deref() == Some("status") {
+            let mut next = previous.clone();
+            set_or_strip(&mut next, "status", body.get("status").cloned());
+            next
+        } else if address.has_status_subresource() {
+            let mut next = body;
+            set_or_strip(&mut next, "status", previous.get("status").cloned());
+            next
+        } else {
+            body
+        }
+    }
+
+    /// A write, with what the server owns kept or filled in; no write at all when
+    /// nothing changed.
+    fn commit(
+        &mut self,
+        address: &Address,
+        previous: Option<Value>,
+        mut next: Value,
+    ) -> Result<Value, ApiError> {
+        let address = address.with_name(address.name.as_deref().unwrap_or_default());
+        if !next["metadata"].is_object() {
+            next["metadata"] = json!({});
+        }
+        let name = address.name.clone().unwrap_or_default();
+        next["metadata"]["name"] = json!(name);
+        if let Some(namespace) = &address.namespace {
+            next["metadata"]["namespace"] = json!(namespace);
+        }
+        strip_meta(&mut next, "managedFields");
+        match &previous {
+            Some(previous) => {
+                for owned in [
+                    "uid",
+                    "creationTimestamp",
+                    "deletionTimestamp",
+                    "deletionGracePeriodSeconds",
+                    "generation",
+                ] {
+                    let kept = previous["metadata"].get(owned).cloned();
+                    set_or_strip(&mut next["metadata"], owned, kept);
+                }
+                if !previous["metadata"]["deletionTimestamp"].is_null() {
+                    let before = finalizers(previous);
+                    if let Some(added) = finalizers(&next).difference(&before).next() {
+                        return Err(ApiError::new(
+                            422,
+                            "Invalid",
+                            format!(
+                                "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers [{added}]"
+                            ),
+                        ));
+                    }
+                }
+                if address.tracks_generation() && spec_of(previous) != spec_of(&next) {
+                    let generation = previous["metadata"]["generation"].as_i64().unwrap_or(0);
+                    next["metadata"]["generation"] = json!(generation + 1);
+                }
+                if without_version(previous) == without_version(&next) {
+                    return Ok(previous.clone());
+                }
+            }
+            None => {
+                if next["metadata"]["uid"].as_str().is_none_or(str::is_empty) {
+                    self.uids += 1;
+                    next["metadata"]["uid"] = json!(format!("uid-{:08}", self.uids));
+                }
+                if next["metadata"]["creationTimestamp"].is_null() {
+                    next["metadata"]["creationTimestamp"] = json!(now());
+                }
+                strip_meta(&mut next, "deletionTimestamp");
+                if address.tracks_generation() {
+                    next["metadata"]["generation"] = json!(1);
+                }
+            }
+        }
+        self.installed
+            .insert((address.prefix.clone(), address.resource.clone()));
+        let deleting = !next["metadata"]["deletionTimestamp"].is_null();
+        if deleting && finalizers(&next).is_empty() {
+            return Ok(self.remove(&address, next));
+        }
+        Ok(self.record(&address, previous, next))
+    }
+
+    /// Stores `next` under a new version and logs it.
+    fn record(&mut self, address: &Address, previous: Option<Value>, mut next: Value) -> Value {
+        self.version += 1;
+        next["metadata"]["resourceVersion"] = json!(self.version.to_string());
+        let kind = if previous.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
+        self.objects.insert(address.key(), next.clone());
+        self.log.push(Logged {
+            version: self.version,
+            address: address.clone(),
+            kind,
+            previous,
+            object: next.clone(),
+        });
+        next
+    }
+
+    /// Removes the object for good, then what it owns.
+    fn remove(&mut self, address: &Address, mut last: Value) -> Value {
+        let previous = self.objects.remove(&address.key());
+        self.version += 1;
+        last["metadata"]["resourceVersion"] = json!(self.version.to_string());
+        self.log.push(Logged {
+            version: self.version,
+            address: address.clone(),
+            kind: EventType::Deleted,
+            previous: previous.or_else(|| Some(last.clone())),
+            object: last.clone(),
+        });
+        if let Some(uid) = last["metadata"]["uid"].as_str() {
+            let dependents: Vec<Address> = self
+                .objects
+                .iter()
+                .filter(|(_, object)| {
+                    object["metadata"]["ownerReferences"]
+                        .as_array()
+                        .is_some_and(|owners| owners.iter().any(|o| o["uid"] == uid))
+                })
+                .filter_map(|(key, _)| Address::parse(key))
+                .filter(|dependent| dependent.namespace == address.namespace)
+                .collect();
+            for dependent in dependents {
+                let _ = self.delete(&dependent);
+            }
+        }
+        last
+    }
+}
+
+fn check_version(previous: &Value, body: &Value) -> Result<(), ApiError> {
+    match body["metadata"]["resourceVersion"].as_str() {
+        Some(wanted) if Some(wanted) != previous["metadata"]["resourceVersion"].as_str() => {
+            Err(ApiError::new(
+                409,
+                "Conflict",
+                "Operation cannot be fulfilled: the object has been modified; please apply your changes to the latest version and try again",
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn finalizers(object: &Value) -> BTreeSet<String> {
+    object["metadata"]["finalizers"]
+        .as_array()
+        .map(|f| {
+            f.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What `generation` counts: everything but metadata and status.
+fn spec_of(object: &Value) -> Value {
+    let mut spec = object.clone();
+    for field in ["metadata", "status", "kind", "apiVersion"] {
+        strip(&mut spec, field);
+    }
+    spec
+}
+
+fn without_version(object: &Value) -> Value {
+    let mut object = object.clone();
+    strip_meta(&mut object, "resourceVersion");
+    object
+}
+
+fn strip(object: &mut Value, field: &str) {
+    if let Some(fields) = object.as_object_mut() {
+        fields.remove(field);
+    }
+}
+
+fn strip_meta(object: &mut Value, field: &str) {
+    strip(&mut object["metadata"], field);
+}
+
+fn set_or_strip(object: &mut Value, field: &str, value: Option<Value>) {
+    match value {
+        Some(value) if !value.is_null() => object[field] = value,
+        _ => strip(object, field),
+    }
+}
+
+/// Now, as the API server writes times (RFC 3339, seconds).
+pub fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
