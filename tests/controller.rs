@@ -8,6 +8,8 @@
 
 pub mod support;
 
+#[path = "controller/autoscaling.rs"]
+mod autoscaling;
 #[path = "controller/broker.rs"]
 mod broker;
 #[path = "controller/coexistence.rs"]
@@ -147,6 +149,20 @@ fn cel_rules_want_distinct_unreserved_names() {
         "{errors:?}"
     );
     assert!(cel_errors(with(json!({"exchange": "shop", "queue": "shop.out"}))).is_empty());
+}
+
+#[test]
+fn cel_rules_want_min_replicas_at_most_max_and_allow_zero() {
+    let with = |autoscaling: Value| json!({"rabbitmq": {"connectionSecret": {"name": "c"}}, "worker": {"autoscaling": autoscaling}});
+    assert!(cel_errors(with(json!({"minReplicas": 0, "maxReplicas": 3}))).is_empty());
+    assert!(cel_errors(with(json!({"minReplicas": 3, "maxReplicas": 3}))).is_empty());
+    let errors = cel_errors(with(json!({"minReplicas": 4, "maxReplicas": 3})));
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("minReplicas must not be above maxReplicas")),
+        "{errors:?}"
+    );
 }
 
 /// Every example pipeline parses; those for the operator (they name a connection

@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 
+use super::autoscaling::{self, Autoscaling};
 use super::connection::{self, get_secret, required_key};
 use super::context::Settings;
 use super::deployment::{
@@ -32,6 +33,8 @@ pub struct Converged {
     pub repaired_objects: Vec<String>,
     /// The worker Deployment as it is now.
     pub deployment: Option<Deployment>,
+    /// Whether KEDA scales the workers.
+    pub autoscaling: Autoscaling,
     pub queues: Option<QueueDepths>,
     pub worker_user: String,
     /// Writing requests made to RabbitMQ's management API: 0 when it was in sync.
@@ -122,12 +125,17 @@ pub async fn converge(
         repaired_objects.push(format!("Deployment {name}"));
     }
 
+    let (autoscaling, keda_repaired) =
+        autoscaling::converge(client, pipeline, &namespace, unchanged_spec(pipeline)).await?;
+    repaired_objects.extend(keda_repaired);
+
     let queues = queue_depths(&management, pipeline).await;
     Ok(Converged {
         topology_changes,
         user_changes,
         repaired_objects,
         deployment: applied.or(live_deployment),
+        autoscaling,
         queues,
         worker_user: credentials.username,
         rabbitmq_writes: management.writes(),

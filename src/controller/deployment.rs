@@ -187,7 +187,9 @@ pub fn desired_deployment(
     Ok(Deployment {
         metadata,
         spec: Some(DeploymentSpec {
-            replicas: Some(worker.replicas),
+            // Under autoscaling KEDA's autoscaler owns the count: applying one would
+            // undo its every decision.
+            replicas: worker.autoscaling.is_none().then_some(worker.replicas),
             selector: LabelSelector {
                 match_labels: Some(selector_labels(pipeline)),
                 ..LabelSelector::default()
@@ -440,6 +442,12 @@ mod tests {
                 .unwrap()
                 .contains_key("app.kubernetes.io/instance")
         );
+    }
+
+    #[test]
+    fn under_autoscaling_the_count_is_left_to_the_autoscaler() {
+        let d = deployment("worker: {replicas: 3, autoscaling: {minReplicas: 0, maxReplicas: 5}}");
+        assert!(d["spec"].get("replicas").is_none(), "{}", d["spec"]);
     }
 
     #[test]

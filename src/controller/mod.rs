@@ -7,6 +7,7 @@
 //! leads, when its caches of pipelines have synced; `/livez` follows a heartbeat of the
 //! main loop.
 
+pub mod autoscaling;
 pub mod cleanup;
 pub mod connection;
 pub mod context;

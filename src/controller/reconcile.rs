@@ -14,6 +14,7 @@ use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use super::autoscaling::{Autoscaling, desired_workers};
 use super::cleanup::cleanup;
 use super::context::Context;
 use super::converge::{Converged, converge, unchanged_spec};
@@ -103,7 +104,8 @@ async fn apply(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action, Error
             generation: pipeline.metadata.generation,
             topology: TopologyOutcome::Ready,
             deployment: done.deployment.as_ref(),
-            desired_workers: pipeline.spec.worker.replicas,
+            desired_workers: desired_workers(pipeline, done.deployment.as_ref()),
+            autoscaling: done.autoscaling.clone(),
             deployment_name: &worker_deployment,
             queues: done.queues,
             worker_user: Some(done.worker_user.clone()),
@@ -118,7 +120,12 @@ async fn apply(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action, Error
             deployment: fallback
                 .as_ref()
                 .filter(|_| !matches!(e, Error::NotOurs { .. })),
-            desired_workers: pipeline.spec.worker.replicas,
+            desired_workers: desired_workers(pipeline, fallback.as_ref()),
+            autoscaling: if pipeline.spec.worker.autoscaling.is_some() {
+                Autoscaling::On
+            } else {
+                Autoscaling::Off
+            },
             deployment_name: &worker_deployment,
             queues: None,
             worker_user: previous.and_then(|s| s.worker_user.clone()),

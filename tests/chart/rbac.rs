@@ -70,6 +70,16 @@ const PIPELINE_PERMISSIONS: &[(&str, &str, &[&str])] = &[
         "rabbitmqclusters",
         &["get", "list", "watch"],
     ),
+    (
+        "keda.sh",
+        "scaledobjects",
+        &["get", "create", "patch", "delete"],
+    ),
+    (
+        "keda.sh",
+        "triggerauthentications",
+        &["get", "create", "patch", "delete"],
+    ),
     ("events.k8s.io", "events", &["create", "patch"]),
     ("", "events", &["create", "patch"]),
 ];

@@ -115,6 +115,11 @@ ClusterRole (all namespaces) or of each watched namespace's Role.
 - apiGroups: ["rabbitmq.com"]
   resources: ["rabbitmqclusters"]
   verbs: ["get", "list", "watch"]
+# KEDA's ScaledObject and TriggerAuthentication of a pipeline with
+# spec.worker.autoscaling: applied server-side, removed when autoscaling is turned off.
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects", "triggerauthentications"]
+  verbs: ["get", "create", "patch", "delete"]
 # Events on pipelines.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
