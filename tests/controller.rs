@@ -24,6 +24,8 @@ pub mod fake_api;
 mod flow;
 #[path = "controller/harness.rs"]
 mod harness;
+#[path = "controller/phases.rs"]
+mod phases;
 #[path = "controller/process.rs"]
 mod process;
 #[path = "controller/running.rs"]

@@ -23,7 +23,13 @@ fn spec(vhost: &str, extra: &str) -> MailerPipelineSpec {
 }
 
 fn desired(vhost: &str, extra: &str) -> Topology {
-    Topology::desired(&spec(vhost, extra), TestBroker::get().capabilities()).expect("topology")
+    let spec = spec(vhost, extra);
+    Topology::desired(
+        &spec.rabbitmq.vhost,
+        &spec.topology,
+        TestBroker::get().capabilities(),
+    )
+    .expect("topology")
 }
 
 #[tokio::test]
@@ -592,7 +598,11 @@ async fn the_dead_queue_keeps_a_dead_letter_however_often_it_is_read() {
     } else {
         BrokerCapabilities::RABBITMQ_4
     };
-    let result = topology::apply(&management(), &Topology::desired(&spec, other).unwrap()).await;
+    let result = topology::apply(
+        &management(),
+        &Topology::desired(&spec.rabbitmq.vhost, &spec.topology, other).unwrap(),
+    )
+    .await;
     if broker.is_4x() {
         result.expect("apply");
         assert_eq!(

@@ -29,7 +29,7 @@ async fn pipeline(test: &str) -> TestVhost {
     let capabilities = support::broker::TestBroker::get().capabilities();
     topology::apply(
         &management(),
-        &Topology::desired(&spec, capabilities).unwrap(),
+        &Topology::desired(&spec.rabbitmq.vhost, &spec.topology, capabilities).unwrap(),
     )
     .await
     .expect("topology");

@@ -58,7 +58,11 @@ impl BenchVhost {
         spec.topology.retry_delay = "1h".into();
         spec.worker.prefetch = PREFETCH;
         let management = Management::new(&ManagementEndpoint::parse(MANAGEMENT_URL)?)?;
-        let desired = Topology::desired(&spec, management.capabilities().await?)?;
+        let desired = Topology::desired(
+            &spec.rabbitmq.vhost,
+            &spec.topology,
+            management.capabilities().await?,
+        )?;
         let vhost = Self {
             name,
             topology: spec.topology.clone(),

@@ -34,7 +34,11 @@ pub async fn run(
     let capabilities = management.capabilities().await?;
     for pipeline in &manifest.pipelines {
         let name = display_name(pipeline);
-        let desired = Topology::desired(&pipeline.spec, capabilities)?;
+        let desired = Topology::desired(
+            &pipeline.spec.rabbitmq.vhost,
+            &pipeline.spec.topology,
+            capabilities,
+        )?;
         let vhost = &desired.vhost;
         match action {
             Action::Plan => {

@@ -47,7 +47,11 @@ pub async fn run(
     let spec = &pipeline.spec;
     spec.validate()?;
     let management = Management::new(&ManagementEndpoint::parse(management_url)?)?;
-    let desired = Topology::desired(spec, management.capabilities().await?)?;
+    let desired = Topology::desired(
+        &spec.rabbitmq.vhost,
+        &spec.topology,
+        management.capabilities().await?,
+    )?;
     let changes = topology::apply(&management, &desired).await?;
     println!(
         "{} (vhost {:?}): topology {}",

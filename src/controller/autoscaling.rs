@@ -110,12 +110,11 @@ pub enum Autoscaling {
 }
 
 /// Applies (or removes) the pipeline's KEDA objects, writing only what differs; returns
-/// the names of objects that were changed behind the operator's back and put back.
+/// the names of objects that existed and were applied again.
 pub async fn converge(
     client: &Client,
     pipeline: &MailerPipeline,
     namespace: &str,
-    unchanged_spec: bool,
 ) -> Result<(Autoscaling, Vec<String>), Error> {
     let name = deployment_name(pipeline);
     let scaled_objects: Api<DynamicObject> =
@@ -163,7 +162,7 @@ pub async fn converge(
         let applied = apply_if_changed(api, &desired, live.as_ref())
             .await
             .map_err(|e| Error::kube(format!("apply {kind} {namespace}/{name}"), e))?;
-        if applied.is_some() && live.is_some() && unchanged_spec {
+        if applied.is_some() && live.is_some() {
             repaired.push(format!("{kind} {name}"));
         }
     }

@@ -132,7 +132,7 @@ async fn clean_up_rabbitmq(
             }
         },
     };
-    let desired = match Topology::desired(spec, capabilities) {
+    let desired = match Topology::desired(&spec.rabbitmq.vhost, &spec.topology, capabilities) {
         Ok(desired) => desired,
         Err(e) => {
             if policy == DeletionPolicy::Delete {

@@ -9,13 +9,10 @@ use kube::{Client, ResourceExt};
 use serde_json::Value;
 
 use super::error::Error;
+use super::references::SecretRole;
 use super::tenancy::check_allowed;
 use crate::spec::MailerPipeline;
 use crate::topology::ManagementEndpoint;
-
-/// What a connection Secret holds, after the messaging-topology-operator's convention.
-const CONNECTION_KEYS: &str =
-    "the keys uri (the management API URL, e.g. http://rabbitmq:15672), username and password";
 
 /// The broker a pipeline uses and the operator's credentials for it.
 #[derive(Debug, Clone)]
@@ -33,8 +30,10 @@ pub async fn resolve(client: &Client, pipeline: &MailerPipeline) -> Result<Broke
         .ok_or(Error::IncompleteObject("namespace"))?;
     let rabbitmq = &pipeline.spec.rabbitmq;
     if let Some(reference) = &rabbitmq.connection_secret {
-        let secret = get_secret(client, &namespace, &reference.name, CONNECTION_KEYS).await?;
-        let value = |key: &str| required_key(&secret, &namespace, key, CONNECTION_KEYS);
+        // The messaging-topology-operator's convention.
+        let wanted = SecretRole::Connection.wanted();
+        let secret = get_secret(client, &namespace, &reference.name, wanted).await?;
+        let value = |key: &str| required_key(&secret, &namespace, key, wanted);
         let url = value("uri")?;
         return broker(&url, &value("username")?, &value("password")?);
     }
@@ -83,7 +82,7 @@ pub async fn resolve(client: &Client, pipeline: &MailerPipeline) -> Result<Broke
                 names.service
             ))
         })?;
-    let wanted = "the cluster's default user (the cluster-operator creates it)";
+    let wanted = SecretRole::ClusterDefaultUser.wanted();
     let secret = get_secret(client, &cluster_namespace, &names.secret, wanted).await?;
     let value = |key: &str| required_key(&secret, &cluster_namespace, key, wanted);
     let url = management_url(&names.service, &cluster_namespace, &service);

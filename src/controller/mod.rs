@@ -7,12 +7,14 @@
 //! leads, when its caches of pipelines have synced; `/livez` follows a heartbeat of the
 //! main loop.
 
+pub mod apply;
 pub mod autoscaling;
 pub mod cleanup;
 pub mod connection;
 pub mod context;
 pub mod converge;
 pub mod deployment;
+pub mod desired;
 pub mod error;
 pub mod leader;
 pub mod meta;
@@ -20,9 +22,13 @@ pub mod metrics;
 pub mod quantity;
 pub mod reasons;
 pub mod reconcile;
+pub mod references;
+pub mod report;
+pub mod resolve;
 pub mod ssa;
 pub mod status;
 pub mod tenancy;
+pub mod validate;
 pub mod watch;
 pub mod worker_user;
 

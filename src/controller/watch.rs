@@ -14,10 +14,10 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use tokio::sync::watch as signal;
 
-use super::connection::default_user_secret;
 use super::context::Context;
 use super::meta::managed_by_selector;
 use super::reconcile::{error_policy, reconcile};
+use super::references::reads_secret;
 use crate::spec::MailerPipeline;
 use crate::telemetry::Health;
 
@@ -109,66 +109,14 @@ fn pipelines_naming(
     pipelines
         .state()
         .iter()
-        .filter(|p| names_secret(p, &namespace, &name))
+        .filter(|p| reads_secret(p, &namespace, &name))
         .map(|p| ObjectRef::from_obj(p.as_ref()))
         .collect()
-}
-
-/// Whether `pipeline` reads the Secret `namespace/name`: its connection Secret, its
-/// provider's, its workers' user's, or its RabbitmqCluster's default user's.
-pub fn names_secret(pipeline: &MailerPipeline, namespace: &str, name: &str) -> bool {
-    let own_namespace = pipeline.namespace().unwrap_or_default();
-    let spec = &pipeline.spec;
-    let in_own = own_namespace == namespace
-        && [
-            spec.rabbitmq
-                .connection_secret
-                .as_ref()
-                .map(|s| s.name.as_str()),
-            spec.worker
-                .provider
-                .as_ref()
-                .map(|p| p.url_secret_key_ref.name.as_str()),
-            spec.worker.user_secret.as_ref().map(|s| s.name.as_str()),
-        ]
-        .contains(&Some(name));
-    let of_cluster = spec.rabbitmq.cluster_ref.as_ref().is_some_and(|cluster| {
-        cluster.namespace.as_deref().unwrap_or(&own_namespace) == namespace
-            && name == default_user_secret(&cluster.name)
-    });
-    in_own || of_cluster
 }
 
 async fn shutdown_signal(mut stop: signal::Receiver<bool>, mut lost: signal::Receiver<bool>) {
     tokio::select! {
         _ = stop.wait_for(|stopped| *stopped) => {}
         _ = lost.wait_for(|lost| *lost) => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pipeline(yaml: &str) -> MailerPipeline {
-        let mut p = MailerPipeline::new("shop", serde_yaml::from_str(yaml).unwrap());
-        p.metadata.namespace = Some("prod".into());
-        p
-    }
-
-    #[test]
-    fn a_pipeline_is_told_of_the_secrets_it_reads() {
-        let p = pipeline(
-            "rabbitmq: {connectionSecret: {name: conn}}\n\
-             worker: {provider: {urlSecretKeyRef: {name: smtp, key: url}}, userSecret: {name: user}}",
-        );
-        for name in ["conn", "smtp", "user"] {
-            assert!(names_secret(&p, "prod", name), "{name}");
-        }
-        assert!(!names_secret(&p, "other", "conn"));
-        assert!(!names_secret(&p, "prod", "unrelated"));
-        let c = pipeline("rabbitmq: {clusterRef: {name: rmq, namespace: data}}");
-        assert!(names_secret(&c, "data", "rmq-default-user"));
-        assert!(!names_secret(&c, "prod", "rmq-default-user"));
     }
 }

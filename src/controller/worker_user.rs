@@ -9,10 +9,10 @@ use std::fmt;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
 use ring::rand::{SecureRandom, SystemRandom};
 
-use super::connection::{Broker, get_secret, required_key, secret_value};
+use super::connection::{Broker, secret_value};
 use super::error::Error;
 use super::meta::owned_meta;
 use crate::spec::MailerPipeline;
@@ -61,29 +61,6 @@ pub fn managed_username(pipeline: &MailerPipeline) -> String {
         pipeline.namespace().unwrap_or_default(),
         pipeline.name_any()
     )
-}
-
-/// The workers' user: the one `spec.worker.userSecret` names, or the operator's own,
-/// whose password is read back from `existing` (the Secret the pipeline owns) and only
-/// generated when there is none yet.
-pub async fn credentials(
-    client: &Client,
-    pipeline: &MailerPipeline,
-    existing: Option<&Secret>,
-) -> Result<WorkerCredentials, Error> {
-    let Some(reference) = &pipeline.spec.worker.user_secret else {
-        return Ok(managed_credentials(pipeline, existing, generate_password));
-    };
-    let namespace = pipeline
-        .namespace()
-        .ok_or(Error::IncompleteObject("namespace"))?;
-    let wanted = "the keys username and password of the workers' RabbitMQ user";
-    let secret = get_secret(client, &namespace, &reference.name, wanted).await?;
-    Ok(WorkerCredentials {
-        username: required_key(&secret, &namespace, USERNAME_KEY, wanted)?,
-        password: required_key(&secret, &namespace, PASSWORD_KEY, wanted)?,
-        managed: false,
-    })
 }
 
 /// The operator's user, keeping the password `existing` holds for it.

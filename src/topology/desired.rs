@@ -7,7 +7,7 @@
 use serde_json::{Map, Value, json};
 
 use super::broker::BrokerCapabilities;
-use crate::spec::{InvalidSpec, MailerPipelineSpec};
+use crate::spec::{InvalidSpec, TopologySpec};
 
 /// Policies of ours win over catch-all policies of lower priority an operator may have.
 pub const POLICY_PRIORITY: i16 = 10;
@@ -71,15 +71,16 @@ pub struct Topology {
 }
 
 impl Topology {
-    /// The topology a spec asks for, on a broker with `broker`'s capabilities. The spec is
-    /// validated first, so a topology is never built from names or numbers RabbitMQ
-    /// would refuse.
+    /// The topology `t` asks for in `vhost`, on a broker with `broker`'s capabilities.
+    /// The spec is taken as validated once by its reader
+    /// ([`MailerPipelineSpec::validate`](crate::spec::MailerPipelineSpec::validate)), so
+    /// names are not checked again; a retry delay that does not parse is still refused,
+    /// since it could not be turned into a TTL.
     pub fn desired(
-        spec: &MailerPipelineSpec,
+        vhost: &str,
+        t: &TopologySpec,
         broker: BrokerCapabilities,
     ) -> Result<Self, InvalidSpec> {
-        spec.validate()?;
-        let t = &spec.topology;
         let ttl_ms = t
             .retry_delay()
             .map_err(|problem| {
@@ -147,11 +148,11 @@ impl Topology {
         let policies = vec![
             policy_for(&t.queue, send),
             policy_for(&t.retry_queue, retry),
-            policy_for(&t.dead_queue, dead_queue_policy(spec, broker)),
+            policy_for(&t.dead_queue, dead_queue_policy(t, broker)),
         ];
 
         Ok(Self {
-            vhost: spec.rabbitmq.vhost.clone(),
+            vhost: vhost.to_string(),
             exchanges,
             queues,
             bindings,
@@ -173,12 +174,12 @@ impl Topology {
 /// reject-publish` keeps a length limit, ours or an operator policy's, from dropping the
 /// oldest dead letter: the worker's dead-letter publish is refused instead, and the request
 /// stays in the send queue.
-fn dead_queue_policy(spec: &MailerPipelineSpec, broker: BrokerCapabilities) -> Value {
+fn dead_queue_policy(t: &TopologySpec, broker: BrokerCapabilities) -> Value {
     let mut dead = json!({"overflow": "reject-publish"});
     if broker.default_delivery_limit {
         dead["delivery-limit"] = json!(NO_DELIVERY_LIMIT);
     }
-    if let Some(max) = spec.topology.dead_queue_max_length {
+    if let Some(max) = t.dead_queue_max_length {
         dead["max-length"] = json!(max);
     }
     dead
@@ -222,9 +223,15 @@ fn escape_regex(name: &str) -> String {
 mod tests {
     use super::*;
 
+    fn spec(yaml: &str) -> crate::spec::MailerPipelineSpec {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
     fn topology(yaml: &str) -> Topology {
+        let spec = spec(yaml);
         Topology::desired(
-            &serde_yaml::from_str(yaml).unwrap(),
+            &spec.rabbitmq.vhost,
+            &spec.topology,
             BrokerCapabilities::RABBITMQ_3,
         )
         .unwrap()
@@ -291,13 +298,13 @@ mod tests {
 
     #[test]
     fn on_rabbitmq_4_the_dead_queue_has_no_delivery_limit() {
-        let spec = serde_yaml::from_str("topology: {deadQueueMaxLength: 50}").unwrap();
-        let on_4 = Topology::desired(&spec, BrokerCapabilities::RABBITMQ_4).unwrap();
+        let spec = spec("topology: {deadQueueMaxLength: 50}").topology;
+        let on_4 = Topology::desired("/", &spec, BrokerCapabilities::RABBITMQ_4).unwrap();
         assert_eq!(
             Value::Object(on_4.policies[2].definition.clone()),
             json!({"delivery-limit": -1, "max-length": 50, "overflow": "reject-publish"})
         );
-        let on_3 = Topology::desired(&spec, BrokerCapabilities::RABBITMQ_3).unwrap();
+        let on_3 = Topology::desired("/", &spec, BrokerCapabilities::RABBITMQ_3).unwrap();
         assert_eq!(
             Value::Object(on_3.policies[2].definition.clone()),
             json!({"max-length": 50, "overflow": "reject-publish"})
@@ -348,8 +355,8 @@ mod tests {
 
     #[test]
     fn an_invalid_spec_gives_no_topology() {
-        let spec = serde_yaml::from_str("topology: {retryDelay: banana}").unwrap();
-        assert!(Topology::desired(&spec, BrokerCapabilities::RABBITMQ_4).is_err());
+        let spec = spec("topology: {retryDelay: banana}").topology;
+        assert!(Topology::desired("/", &spec, BrokerCapabilities::RABBITMQ_4).is_err());
     }
 
     #[test]

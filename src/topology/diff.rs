@@ -284,11 +284,12 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::spec::MailerPipelineSpec;
+    use crate::spec::TopologySpec;
 
     fn desired() -> Topology {
         Topology::desired(
-            &MailerPipelineSpec::default(),
+            "/",
+            &TopologySpec::default(),
             crate::topology::BrokerCapabilities::RABBITMQ_3,
         )
         .unwrap()

@@ -63,7 +63,12 @@ impl Pipeline {
     }
 
     async fn apply_topology(spec: &MailerPipelineSpec) -> bool {
-        let desired = Topology::desired(spec, TestBroker::get().capabilities()).unwrap();
+        let desired = Topology::desired(
+            &spec.rabbitmq.vhost,
+            &spec.topology,
+            TestBroker::get().capabilities(),
+        )
+        .unwrap();
         topology::apply(&management(), &desired).await.is_ok()
     }
 

@@ -163,7 +163,12 @@ async fn the_image_runs_as_65532_and_its_worker_delivers_a_mail_from_the_real_br
         serde_yaml::from_str(&format!("rabbitmq: {{vhost: {}}}", vhost.name)).unwrap();
     topology::apply(
         &management(),
-        &Topology::desired(&spec, TestBroker::get().capabilities()).unwrap(),
+        &Topology::desired(
+            &spec.rabbitmq.vhost,
+            &spec.topology,
+            TestBroker::get().capabilities(),
+        )
+        .unwrap(),
     )
     .await
     .expect("topology");

@@ -1,0 +1,68 @@
+//! Phase 3 of a reconcile: what the pipeline should have, as a pure function of the
+//! validated pipeline: its RabbitMQ topology and workers' permissions, the worker
+//! Secret and the worker Deployment. Nothing is read or written here.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+
+use super::context::Settings;
+use super::deployment::{WorkerInputs, desired_deployment, keep_live_selector, secrets_hash};
+use super::error::Error;
+use super::references::SecretRole;
+use super::resolve::Resolved;
+use super::validate::Validated;
+use super::worker_user;
+use crate::topology::{Permissions, Topology};
+
+/// Everything the apply phase brings about.
+pub struct Desired {
+    pub topology: Topology,
+    /// The workers' permissions on the vhost, when the operator manages their user.
+    pub permissions: Option<Permissions>,
+    pub worker_secret: Secret,
+    /// The hash of the Secrets the workers read, on the Deployment's pod template.
+    pub secrets_hash: String,
+    pub deployment: Deployment,
+    /// A user the operator made before and the workers no longer use.
+    pub replaced_user: Option<String>,
+}
+
+pub fn desired(
+    valid: &Validated<'_>,
+    resolved: &Resolved,
+    settings: &Settings,
+) -> Result<Desired, Error> {
+    let spec = valid.spec;
+    let topology = Topology::desired(
+        &spec.rabbitmq.vhost,
+        &spec.topology,
+        valid.broker.capabilities,
+    )?;
+    let credentials = &valid.credentials;
+    let amqp_url = worker_user::amqp_url(&valid.broker.broker, credentials, &topology.vhost)?;
+    let worker_secret = worker_user::desired_secret(valid.pipeline, credentials, &amqp_url)?;
+    let mut read_by_workers = vec![&worker_secret];
+    read_by_workers.extend(resolved.secret(SecretRole::Provider));
+    let hash = secrets_hash(&read_by_workers);
+    let inputs = WorkerInputs {
+        default_image: &settings.worker_image,
+        secrets_hash: &hash,
+    };
+    let mut deployment = desired_deployment(valid.pipeline, inputs)?;
+    if let Some(live) = &resolved.deployment {
+        keep_live_selector(&mut deployment, live);
+    }
+    Ok(Desired {
+        permissions: credentials
+            .managed
+            .then(|| Permissions::for_worker(&spec.topology)),
+        replaced_user: worker_user::replaced_managed_user(
+            resolved.worker_secret.as_ref(),
+            credentials,
+        ),
+        topology,
+        worker_secret,
+        secrets_hash: hash,
+        deployment,
+    })
+}

@@ -1,0 +1,184 @@
+//! Phase 5 of a reconcile: report what it found: the status (written only when it
+//! changed), the queue-depth gauges and the events.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::autoscaling::{Autoscaling, desired_workers};
+use super::context::Context;
+use super::converge::{Converged, unchanged_spec};
+use super::deployment::deployment_name;
+use super::error::Error;
+use super::metrics::QueueRole;
+use super::reasons::event;
+use super::status::{Findings, TopologyOutcome, dead_letters_added, desired_status};
+use crate::spec::{MailerPipeline, MailerPipelineStatus, TOPOLOGY_READY};
+
+/// Writes the status `outcome` calls for, sets the gauges and publishes the events.
+/// `live` is the worker Deployment as read before converging.
+pub async fn report(
+    pipeline: &MailerPipeline,
+    ctx: &Context,
+    outcome: &Result<Converged, Error>,
+    live: Option<&Deployment>,
+) -> Result<(), Error> {
+    let namespace = pipeline
+        .namespace()
+        .ok_or(Error::IncompleteObject("namespace"))?;
+    let name = pipeline.name_any();
+    let worker_deployment = deployment_name(pipeline);
+    let previous = pipeline.status.as_ref();
+    let findings = match &outcome {
+        Ok(done) => Findings {
+            generation: pipeline.metadata.generation,
+            topology: TopologyOutcome::Ready,
+            deployment: done.applied.deployment.as_ref(),
+            desired_workers: desired_workers(pipeline, done.applied.deployment.as_ref()),
+            autoscaling: done.autoscaling.clone(),
+            deployment_name: &worker_deployment,
+            queues: done.queues,
+            worker_user: Some(done.worker_user.clone()),
+        },
+        Err(e) => Findings {
+            generation: pipeline.metadata.generation,
+            topology: TopologyOutcome::Failed {
+                reason: e.reason(),
+                message: e.public_message(),
+            },
+            // A Deployment of that name that is not ours says nothing about our workers.
+            deployment: live.filter(|_| !matches!(e, Error::NotOurs { .. })),
+            desired_workers: desired_workers(pipeline, live),
+            autoscaling: if pipeline.spec.worker.autoscaling.is_some() {
+                Autoscaling::On
+            } else {
+                Autoscaling::Off
+            },
+            deployment_name: &worker_deployment,
+            queues: None,
+            worker_user: previous.and_then(|s| s.worker_user.clone()),
+        },
+    };
+    let status = desired_status(previous, &findings, Timestamp::now());
+    if previous != Some(&status) {
+        let api: Api<MailerPipeline> = Api::namespaced(ctx.client.clone(), &namespace);
+        let patch = json!({ "status": status });
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| Error::kube("write the status", e))?;
+    }
+    if let Ok(done) = outcome {
+        ctx.metrics
+            .rabbitmq_written(&namespace, &name, done.applied.rabbitmq_writes);
+    }
+    if let Some(queues) = status.queues {
+        for (role, depth) in [
+            (QueueRole::Send, queues.send),
+            (QueueRole::Retry, queues.retry),
+            (QueueRole::Dead, queues.dead),
+        ] {
+            if let Some(depth) = depth {
+                ctx.metrics.set_queue_depth(&namespace, &name, role, depth);
+            }
+        }
+    }
+    publish_events(pipeline, ctx, outcome, previous, &status).await;
+    Ok(())
+}
+
+async fn publish_events(
+    pipeline: &MailerPipeline,
+    ctx: &Context,
+    outcome: &Result<Converged, Error>,
+    previous: Option<&MailerPipelineStatus>,
+    status: &MailerPipelineStatus,
+) {
+    let regarding = pipeline.object_ref(&());
+    match outcome {
+        Err(e) => {
+            // Only a new failure is published: a broker down for an hour is one event,
+            // not one per retry.
+            let before = previous.and_then(|p| p.condition(TOPOLOGY_READY));
+            let now = status.condition(TOPOLOGY_READY);
+            if before.map(|c| (&c.reason, &c.message)) != now.map(|c| (&c.reason, &c.message)) {
+                let reason = format!("{}{}", event::RECONCILE_FAILED_PREFIX, e.reason());
+                ctx.publish(
+                    &regarding,
+                    EventType::Warning,
+                    &reason,
+                    "Reconcile",
+                    e.public_message(),
+                )
+                .await;
+            }
+        }
+        Ok(done) => {
+            let rabbitmq: Vec<String> = done
+                .applied
+                .topology_changes
+                .iter()
+                .map(ToString::to_string)
+                .chain(done.applied.user_changes.iter().map(ToString::to_string))
+                .collect();
+            let was_ready = previous.is_some_and(|p| p.is_true(TOPOLOGY_READY));
+            if !rabbitmq.is_empty() && !was_ready {
+                ctx.publish(
+                    &regarding,
+                    EventType::Normal,
+                    event::TOPOLOGY_CREATED,
+                    "Reconcile",
+                    rabbitmq.join("; "),
+                )
+                .await;
+            } else if !rabbitmq.is_empty() || !done.applied.reapplied_objects.is_empty() {
+                let mut changed = rabbitmq;
+                let reapplied = done.applied.reapplied_objects.iter();
+                changed.extend(reapplied.map(|o| format!("reapply {o}")));
+                if unchanged_spec(pipeline) {
+                    // The spec is the one already applied: someone else changed these.
+                    let namespace = pipeline.namespace().unwrap_or_default();
+                    ctx.metrics.drift_repaired(&namespace, &pipeline.name_any());
+                    let note = format!(
+                        "repaired what was changed behind the operator's back: {}",
+                        changed.join("; ")
+                    );
+                    ctx.publish(
+                        &regarding,
+                        EventType::Normal,
+                        event::TOPOLOGY_REPAIRED,
+                        "Reconcile",
+                        note,
+                    )
+                    .await;
+                } else {
+                    ctx.publish(
+                        &regarding,
+                        EventType::Normal,
+                        event::TOPOLOGY_UPDATED,
+                        "Reconcile",
+                        changed.join("; "),
+                    )
+                    .await;
+                }
+            }
+        }
+    }
+    if let Some(added) = dead_letters_added(previous, status) {
+        let total = status.queues.and_then(|q| q.dead).unwrap_or(added);
+        let note = format!(
+            "{added} new dead letters in {} ({total} in all); read their x-mail-dead-reason and x-mail-dead-error headers",
+            pipeline.spec.topology.dead_queue
+        );
+        ctx.publish(
+            &regarding,
+            EventType::Warning,
+            event::DEAD_LETTERS_GREW,
+            "CountQueues",
+            note,
+        )
+        .await;
+    }
+}

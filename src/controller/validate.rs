@@ -1,0 +1,75 @@
+//! Phase 2 of a reconcile: check the spec and what the resolve phase read, once, into a
+//! [`Validated`] pipeline; the later phases take that and check nothing again.
+
+use kube::ResourceExt;
+
+use super::connection::required_key;
+use super::error::Error;
+use super::references::SecretRole;
+use super::resolve::{Resolved, ResolvedBroker};
+use super::ssa::ensure_ours;
+use super::worker_user::{self, PASSWORD_KEY, USERNAME_KEY, WorkerCredentials};
+use crate::spec::{MailerPipeline, MailerPipelineSpec};
+
+/// A pipeline whose spec and referenced Secrets passed every check.
+pub struct Validated<'a> {
+    pub pipeline: &'a MailerPipeline,
+    pub namespace: String,
+    pub name: String,
+    pub spec: &'a MailerPipelineSpec,
+    pub broker: &'a ResolvedBroker,
+    /// The user the workers connect as: the operator's own (its password kept from its
+    /// Secret, or new) or the one `spec.worker.userSecret` names.
+    pub credentials: WorkerCredentials,
+}
+
+/// Checks `pipeline` and what was resolved for it.
+pub fn validate<'a>(
+    pipeline: &'a MailerPipeline,
+    resolved: &'a Resolved,
+) -> Result<Validated<'a>, Error> {
+    let spec = &pipeline.spec;
+    spec.validate_for_operator()?;
+    let namespace = pipeline
+        .namespace()
+        .ok_or(Error::IncompleteObject("namespace"))?;
+    if pipeline.uid().is_none() {
+        return Err(Error::IncompleteObject("metadata.uid"));
+    }
+    // What the operator would make must be its own before anything is written.
+    ensure_ours("Deployment", resolved.deployment.as_ref(), pipeline)?;
+    ensure_ours("Secret", resolved.worker_secret.as_ref(), pipeline)?;
+    let broker = resolved
+        .broker
+        .as_ref()
+        .ok_or(Error::IncompleteObject("spec.rabbitmq"))?;
+    if let (Some(provider), Some(secret)) =
+        (&spec.worker.provider, resolved.secret(SecretRole::Provider))
+    {
+        let key = &provider.url_secret_key_ref.key;
+        required_key(secret, &namespace, key, SecretRole::Provider.wanted())?;
+    }
+    let credentials = match resolved.secret(SecretRole::WorkerUser) {
+        Some(secret) => {
+            let wanted = SecretRole::WorkerUser.wanted();
+            WorkerCredentials {
+                username: required_key(secret, &namespace, USERNAME_KEY, wanted)?,
+                password: required_key(secret, &namespace, PASSWORD_KEY, wanted)?,
+                managed: false,
+            }
+        }
+        None => worker_user::managed_credentials(
+            pipeline,
+            resolved.worker_secret.as_ref(),
+            worker_user::generate_password,
+        ),
+    };
+    Ok(Validated {
+        pipeline,
+        name: pipeline.name_any(),
+        namespace,
+        spec,
+        broker,
+        credentials,
+    })
+}
