@@ -171,6 +171,12 @@ async fn with_keda_the_send_queue_scales_the_workers_and_their_count_is_left_to_
     assert_eq!(status_of(&h, &name)["workers"]["desired"], 4);
     let stored = h.fake.get(&deployment_path(&worker_deployment)).unwrap();
     assert_eq!(stored["spec"]["replicas"], 4);
+    assert_eq!(
+        h.fake
+            .field_owners(&deployment_path(&worker_deployment), &["spec", "replicas"]),
+        ["keda-operator"],
+        "the operator never took the count"
+    );
     let (result, requests) = h.reconcile(&name).await;
     result.unwrap();
     assert_eq!(writes(&requests), Vec::<String>::new(), "steady");
@@ -191,4 +197,9 @@ async fn with_keda_the_send_queue_scales_the_workers_and_their_count_is_left_to_
     }
     let stored = h.fake.get(&deployment_path(&worker_deployment)).unwrap();
     assert_eq!(stored["spec"]["replicas"], 2);
+    assert_eq!(
+        h.fake
+            .field_owners(&deployment_path(&worker_deployment), &["spec", "replicas"]),
+        ["mailer-operator"]
+    );
 }
