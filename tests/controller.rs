@@ -24,6 +24,8 @@ pub mod fake_api;
 mod flow;
 #[path = "controller/harness.rs"]
 mod harness;
+#[path = "controller/ownership.rs"]
+mod ownership;
 #[path = "controller/phases.rs"]
 mod phases;
 #[path = "controller/process.rs"]

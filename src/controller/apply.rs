@@ -14,6 +14,7 @@ use super::error::Error;
 use super::resolve::Resolved;
 use super::ssa::apply_if_changed;
 use super::validate::Validated;
+use crate::topology::ownership::user_marker;
 use crate::topology::{self, Change, UserChange, UserGrant};
 
 /// What applying changed.
@@ -64,10 +65,18 @@ pub async fn apply(
         };
         user_changes = management.ensure_user(&grant).await?;
     }
-    if let Some(replaced) = &desired.replaced_user
-        && management.delete_user(replaced).await?
-    {
-        user_changes.push(UserChange::DeleteUser(replaced.clone()));
+    if let Some(replaced) = &desired.replaced_user {
+        // Only a user marked as this pipeline's, or not marked at all, is removed.
+        let marker = user_marker(replaced);
+        let owner = management.owner(&marker).await?;
+        let ours =
+            owner.is_none_or(|o| Some(o.uid.as_str()) == valid.pipeline.metadata.uid.as_deref());
+        if ours && management.delete_user(replaced).await? {
+            user_changes.push(UserChange::DeleteUser(replaced.clone()));
+        }
+        if ours {
+            management.clear_owner(&marker).await?;
+        }
     }
 
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);

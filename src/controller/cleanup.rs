@@ -14,10 +14,12 @@ use kube::{Resource, ResourceExt};
 use super::connection;
 use super::context::Context;
 use super::error::Error;
+use super::ownership::{NotToRemove, is_ours, owner_of};
 use super::reasons::event;
 use super::worker_user::managed_username;
 use crate::spec::{DeletionPolicy, MailerPipeline};
 use crate::topology::live::amqp_url_for;
+use crate::topology::ownership::{topology_marker, user_marker};
 use crate::topology::{self, BrokerCapabilities, EmptinessCheck, Management, Topology};
 
 /// What a cleanup removed, and what it left with why.
@@ -81,7 +83,8 @@ async fn clean_up_rabbitmq(
         .worker
         .user_secret
         .is_none()
-        .then(|| managed_username(pipeline));
+        .then(|| managed_username(&ctx.settings.cluster_name, pipeline));
+    let me = owner_of(&ctx.settings.cluster_name, pipeline);
     let broker = match connection::resolve(&ctx.client, pipeline).await {
         Ok(broker) => broker,
         Err(e @ Error::Kube { .. }) if e.is_transient() => return Err(e),
@@ -105,15 +108,39 @@ async fn clean_up_rabbitmq(
 
     // The user goes first: RabbitMQ closes its connections, so the deliveries the
     // workers held return to their queue and are counted before a queue is deleted.
+    // Only what is marked as this pipeline's (or not marked at all) is removed.
     if let Some(user) = &managed_user {
-        match management.delete_user(user).await {
-            Ok(true) => report.removed.push(format!("user {user}")),
-            Ok(false) => {}
-            Err(e) => report
-                .not_cleaned_up
-                .push(format!("user {user}: {}", public(e))),
+        let marker = user_marker(user);
+        match is_ours(&management, &marker, &me).await {
+            Ok(_) => {
+                match management.delete_user(user).await {
+                    Ok(true) => report.removed.push(format!("user {user}")),
+                    Ok(false) => {}
+                    Err(e) => report
+                        .not_cleaned_up
+                        .push(format!("user {user}: {}", public(e))),
+                }
+                release(&management, &marker, &mut report).await;
+            }
+            Err(NotToRemove::Foreign(why)) => report.kept.push(format!("user {user}: {why}")),
+            Err(NotToRemove::Unknown(why)) => {
+                report.not_cleaned_up.push(format!("user {user}: {why}"));
+            }
         }
     }
+    let marker = topology_marker(&spec.rabbitmq.vhost, &spec.topology.queue);
+    if let Err(not) = is_ours(&management, &marker, &me).await {
+        let what = format!(
+            "the topology of queue {:?} in vhost {:?}",
+            spec.topology.queue, spec.rabbitmq.vhost
+        );
+        match not {
+            NotToRemove::Foreign(why) => report.kept.push(format!("{what}: {why}")),
+            NotToRemove::Unknown(why) => report.not_cleaned_up.push(format!("{what}: {why}")),
+        }
+        return Ok(report);
+    }
+    release(&management, &marker, &mut report).await;
 
     let policy = spec.topology.deletion_policy;
     // Deleting goes by the objects' names, which no capability changes; the broker is
@@ -173,6 +200,15 @@ async fn clean_up_rabbitmq(
         )),
     }
     Ok(report)
+}
+
+/// Removes this pipeline's owner marker, so another pipeline may take what is left.
+async fn release(management: &Management, marker: &str, report: &mut CleanupReport) {
+    if let Err(e) = management.clear_owner(marker).await {
+        report
+            .not_cleaned_up
+            .push(format!("the owner marker {marker:?}: {}", public(e)));
+    }
 }
 
 /// What an event may say of a broker's failure (see [`Error::public_message`]).

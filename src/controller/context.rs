@@ -2,15 +2,17 @@
 //! the settings, and each pipeline's count of failures in a row for its backoff.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
 
 use super::meta::FIELD_MANAGER;
 use super::metrics::Metrics;
+use crate::spec::MailerPipeline;
 
 /// The first delay after a transient failure; it doubles with each failure in a row.
 pub const FIRST_BACKOFF: Duration = Duration::from_secs(5);
@@ -26,6 +28,8 @@ pub struct Settings {
     /// Kubernetes, and how long a pipeline that cannot work waits before it is tried
     /// again (a change of it, or of a Secret it names, tries it at once).
     pub resync_interval: Duration,
+    /// `--cluster-name`: part of the workers' user names and of owner markers.
+    pub cluster_name: String,
 }
 
 /// Shared by every reconcile.
@@ -35,6 +39,8 @@ pub struct Context {
     pub metrics: Metrics,
     pub settings: Settings,
     failures: Mutex<HashMap<String, u32>>,
+    /// The controllers' caches of pipelines (one per watched namespace, or one for all).
+    stores: Mutex<Vec<Store<MailerPipeline>>>,
 }
 
 impl Context {
@@ -54,6 +60,7 @@ impl Context {
             metrics,
             settings,
             failures: Mutex::new(HashMap::new()),
+            stores: Mutex::new(Vec::new()),
         }
     }
 
@@ -68,6 +75,24 @@ impl Context {
         let delay = backoff_after(*count);
         *count = count.saturating_add(1);
         delay
+    }
+
+    /// Adds a controller's cache of pipelines to what [`Self::known_pipelines`] reads.
+    pub fn register_store(&self, store: Store<MailerPipeline>) {
+        self.stores
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(store);
+    }
+
+    /// Every pipeline in the controllers' caches.
+    pub fn known_pipelines(&self) -> Vec<Arc<MailerPipeline>> {
+        self.stores
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .flat_map(Store::state)
+            .collect()
     }
 
     /// Forgets `key`'s failures after a success.

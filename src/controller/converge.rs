@@ -8,11 +8,14 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Client;
 
+use std::sync::Arc;
+
 use super::apply::{Applied, apply};
 use super::autoscaling::{self, Autoscaling};
 use super::context::Settings;
 use super::desired::desired;
 use super::error::Error;
+use super::ownership::{check_collisions, claim};
 use super::resolve::resolve;
 use super::validate::validate;
 use crate::spec::{MailerPipeline, QueueDepths, TopologySpec};
@@ -29,16 +32,20 @@ pub struct Converged {
 }
 
 /// Applies everything `pipeline` asks for. `live_deployment` is the worker Deployment
-/// as read before.
+/// as read before; `known` the pipelines in the controller's caches, to find another
+/// that claims the same send queue.
 pub async fn converge(
     client: &Client,
     settings: &Settings,
     pipeline: &MailerPipeline,
     live_deployment: Option<Deployment>,
+    known: &[Arc<MailerPipeline>],
 ) -> Result<Converged, Error> {
+    check_collisions(pipeline, known)?;
     let resolved = resolve(client, pipeline, live_deployment).await?;
-    let valid = validate(pipeline, &resolved)?;
+    let valid = validate(pipeline, &resolved, &settings.cluster_name)?;
     let desired = desired(&valid, &resolved, settings)?;
+    claim(&valid, &desired, &settings.cluster_name).await?;
     let mut applied = apply(client, &valid, &resolved, &desired).await?;
     // KEDA's objects reference the Deployment, so they follow it.
     let (autoscaling, reapplied) =

@@ -50,6 +50,25 @@ pub enum Error {
         /// `Kind name` of its controller, if it has one.
         controller: Option<String>,
     },
+    #[error(
+        "{what} in RabbitMQ belongs to {owner}; nothing was changed. Give this pipeline its own (another spec.topology.queue or spec.rabbitmq.vhost), or delete the other pipeline"
+    )]
+    Owned {
+        /// What is owned, e.g. `the topology of queue "mail.send" in vhost "/"`.
+        what: String,
+        /// The owner, as its marker names it.
+        owner: String,
+    },
+    #[error(
+        "MailerPipeline {other} is older and uses the same broker ({broker}), vhost {vhost:?} and queue {queue:?}; nothing was changed. Give this pipeline its own (another spec.topology.queue or spec.rabbitmq.vhost), or delete one of them"
+    )]
+    Collision {
+        /// `namespace/name` of the older pipeline.
+        other: String,
+        broker: String,
+        vhost: String,
+        queue: String,
+    },
     #[error(transparent)]
     Topology(#[from] TopologyError),
     #[error("the Kubernetes API failed to {action}: {source}")]
@@ -95,7 +114,7 @@ impl Error {
             Self::MissingSecretKey { .. } => "missing-secret-key",
             Self::Cluster { .. } => "cluster",
             Self::NotAllowed { .. } => "not-allowed",
-            Self::NotOurs { .. } => "conflict",
+            Self::NotOurs { .. } | Self::Owned { .. } | Self::Collision { .. } => "conflict",
             Self::Topology(TopologyError::InvalidSpec(_)) => "invalid-spec",
             Self::Topology(e) => e.category(),
             Self::Kube { .. } => "kube-api",
@@ -145,6 +164,8 @@ impl Error {
             | Self::MissingSecretKey { .. }
             | Self::NotAllowed { .. }
             | Self::NotOurs { .. }
+            | Self::Owned { .. }
+            | Self::Collision { .. }
             | Self::IncompleteObject(_) => false,
         }
     }

@@ -19,6 +19,7 @@ pub mod error;
 pub mod leader;
 pub mod meta;
 pub mod metrics;
+pub mod ownership;
 pub mod quantity;
 pub mod reasons;
 pub mod reconcile;

@@ -88,7 +88,8 @@ async fn apply(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action, Error
             e,
         )
     })?;
-    let outcome = converge(&ctx.client, &ctx.settings, pipeline, live.clone()).await;
+    let known = ctx.known_pipelines();
+    let outcome = converge(&ctx.client, &ctx.settings, pipeline, live.clone(), &known).await;
     report(pipeline, ctx, &outcome, live.as_ref()).await?;
     outcome.map(|_| Action::requeue(ctx.settings.resync_interval))
 }

@@ -27,6 +27,7 @@ pub struct Validated<'a> {
 pub fn validate<'a>(
     pipeline: &'a MailerPipeline,
     resolved: &'a Resolved,
+    cluster: &str,
 ) -> Result<Validated<'a>, Error> {
     let spec = &pipeline.spec;
     spec.validate_for_operator()?;
@@ -59,6 +60,7 @@ pub fn validate<'a>(
             }
         }
         None => worker_user::managed_credentials(
+            cluster,
             pipeline,
             resolved.worker_secret.as_ref(),
             worker_user::generate_password,

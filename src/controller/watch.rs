@@ -44,6 +44,7 @@ pub async fn run_controllers(
     for scope in scopes {
         let controller = controller_for(&client, scope);
         stores.push(controller.store());
+        ctx.register_store(controller.store());
         let shutdown = shutdown_signal(stop.clone(), lost.clone());
         let stream = controller
             .graceful_shutdown_on(shutdown)

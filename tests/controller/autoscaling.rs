@@ -36,7 +36,7 @@ async fn without_keda_the_workers_say_what_to_install_and_nothing_crash_loops() 
     let h = harness();
     let name = unique("shop");
     let test_vhost = TestVhost::fresh("controller-no-keda");
-    let _users = UserCleanup(vec![format!("mailer-worker.{NS}.{name}")]);
+    let _users = UserCleanup(vec![worker_user(&name)]);
     connection_secret(&h, &secret_uri());
     h.seed_pipeline(&name, spec(&test_vhost.name), true);
 
@@ -80,7 +80,7 @@ async fn with_keda_the_send_queue_scales_the_workers_and_their_count_is_left_to_
     let h = harness();
     let name = unique("shop");
     let test_vhost = TestVhost::fresh("controller-keda");
-    let _users = UserCleanup(vec![format!("mailer-worker.{NS}.{name}")]);
+    let _users = UserCleanup(vec![worker_user(&name)]);
     h.fake.install(KEDA, "scaledobjects");
     h.fake.install(KEDA, "triggerauthentications");
     connection_secret(&h, &secret_uri());

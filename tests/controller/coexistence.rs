@@ -25,7 +25,7 @@ async fn a_deployment_or_secret_of_the_workers_name_that_is_not_ours_is_left_alo
     let h = harness();
     let name = unique("shop");
     let test_vhost = TestVhost::fresh("controller-foreign");
-    let user = format!("mailer-worker.{NS}.{name}");
+    let user = worker_user(&name);
     let _users = UserCleanup(vec![user.clone()]);
     connection_secret(&h, &secret_uri());
     h.seed_pipeline(
@@ -102,7 +102,7 @@ async fn quantities_the_api_server_rewrites_are_not_drift() {
     let h = harness();
     let name = unique("shop");
     let test_vhost = TestVhost::fresh("controller-quantities");
-    let _users = UserCleanup(vec![format!("mailer-worker.{NS}.{name}")]);
+    let _users = UserCleanup(vec![worker_user(&name)]);
     connection_secret(&h, &secret_uri());
     let resources =
         json!({"requests": {"cpu": "0.5", "memory": "1024Mi"}, "limits": {"memory": "0.5Gi"}});

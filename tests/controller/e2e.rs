@@ -33,6 +33,7 @@ pub async fn end_to_end() {
         settings: Settings {
             worker_image: image,
             resync_interval: Duration::from_secs(30),
+            cluster_name: "default".into(),
         },
         metrics_addr: "127.0.0.1:0".parse().unwrap(),
         leader: None,

@@ -36,13 +36,25 @@ pub struct Harness {
     registry: Registry,
 }
 
+/// The user the operator makes for pipeline `name` of namespace `NS` in cluster `default`.
+pub fn worker_user(name: &str) -> String {
+    format!("mailer-worker.default.{NS}.{name}")
+}
+
 pub fn harness() -> Harness {
+    harness_of_cluster("default")
+}
+
+/// A harness whose operator runs with `--cluster-name cluster`, with an API server of
+/// its own (another cluster's), sharing the broker.
+pub fn harness_of_cluster(cluster: &str) -> Harness {
     let fake = FakeApi::default();
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let settings = Settings {
         worker_image: "reg/mailer:test".into(),
         resync_interval: RESYNC,
+        cluster_name: cluster.into(),
     };
     let ctx = Arc::new(Context::new(
         fake.client(),
@@ -98,6 +110,16 @@ impl Harness {
 
     /// Deletes the pipeline as `kubectl delete` would: its finalizer holds it, marked
     /// with a `deletionTimestamp`.
+    /// Puts the named pipelines in a cache the controller reads, as its watch would.
+    pub fn cache_pipelines(&self, names: &[&str]) {
+        let (store, mut writer) = kube::runtime::reflector::store();
+        for name in names {
+            let pipeline = self.pipeline(name);
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pipeline));
+        }
+        self.ctx.register_store(store);
+    }
+
     pub fn mark_deleted(&self, name: &str) {
         let deleted = self
             .fake
