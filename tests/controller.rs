@@ -24,6 +24,8 @@ pub mod fake_api;
 mod flow;
 #[path = "controller/harness.rs"]
 mod harness;
+#[path = "controller/leadership.rs"]
+mod leadership;
 #[path = "controller/ownership.rs"]
 mod ownership;
 #[path = "controller/phases.rs"]

@@ -28,6 +28,7 @@ local needs_a_person = {
   Forbidden = true,
   Conflict = true,
   IncompleteObject = true,
+  Unreadable = true,             -- a MailerPipeline newer than the operator
   NotAllowed = true,             -- a clusterRef to another namespace, not allowed there
   AutoscalingUnavailable = true, -- autoscaling asked for, KEDA not installed
 }

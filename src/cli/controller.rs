@@ -56,6 +56,10 @@ pub struct ControllerArgs {
     /// How often the leader renews the Lease and a standby tries for it.
     #[arg(long, env = "MAILER_LEASE_RETRY", default_value = "4s", value_parser = humantime::parse_duration)]
     lease_retry: Duration,
+    /// On SIGTERM, how long reconciles in flight may take before they are aborted and
+    /// the Lease released; shorter than --lease-duration.
+    #[arg(long, env = "MAILER_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    drain_timeout: Duration,
 }
 
 impl ControllerArgs {
@@ -74,6 +78,11 @@ impl ControllerArgs {
             bail!("--resync-interval must be at least 1s");
         }
         let leader = if self.leader_election {
+            if self.drain_timeout >= self.lease_duration {
+                bail!(
+                    "--drain-timeout must be shorter than --lease-duration, so the leader still holds the Lease when it releases it"
+                );
+            }
             if self.lease_retry >= self.lease_duration {
                 bail!(
                     "--lease-retry must be shorter than --lease-duration, or the Lease expires between renewals"
@@ -119,6 +128,7 @@ impl ControllerArgs {
             },
             metrics_addr: self.metrics_addr,
             leader,
+            drain_timeout: self.drain_timeout,
         })
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
+use kube::core::DeserializeGuard;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
@@ -40,7 +41,7 @@ pub struct Context {
     pub settings: Settings,
     failures: Mutex<HashMap<String, u32>>,
     /// The controllers' caches of pipelines (one per watched namespace, or one for all).
-    stores: Mutex<Vec<Store<MailerPipeline>>>,
+    stores: Mutex<Vec<Store<DeserializeGuard<MailerPipeline>>>>,
 }
 
 impl Context {
@@ -78,20 +79,21 @@ impl Context {
     }
 
     /// Adds a controller's cache of pipelines to what [`Self::known_pipelines`] reads.
-    pub fn register_store(&self, store: Store<MailerPipeline>) {
+    pub fn register_store(&self, store: Store<DeserializeGuard<MailerPipeline>>) {
         self.stores
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(store);
     }
 
-    /// Every pipeline in the controllers' caches.
+    /// Every pipeline in the controllers' caches (that could be read).
     pub fn known_pipelines(&self) -> Vec<Arc<MailerPipeline>> {
         self.stores
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
             .flat_map(Store::state)
+            .filter_map(|guard| guard.0.as_ref().ok().cloned().map(Arc::new))
             .collect()
     }
 

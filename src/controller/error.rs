@@ -79,6 +79,12 @@ pub enum Error {
     },
     #[error("the MailerPipeline has no {0}")]
     IncompleteObject(&'static str),
+    /// The object does not deserialize into this operator's MailerPipeline (a field it
+    /// does not know, a value of another type): a CRD newer than the operator.
+    #[error(
+        "the operator cannot read this MailerPipeline ({0}); upgrade the operator to the version of the CRD, or fix the field named"
+    )]
+    Unreadable(String),
 }
 
 /// Every category an [`Error`] can have, e.g. to describe the metric label's values.
@@ -96,6 +102,7 @@ pub const CATEGORIES: &[&str] = &[
     "conflict",
     "kube-api",
     "incomplete-object",
+    "unreadable",
 ];
 
 impl Error {
@@ -119,6 +126,7 @@ impl Error {
             Self::Topology(e) => e.category(),
             Self::Kube { .. } => "kube-api",
             Self::IncompleteObject(_) => "incomplete-object",
+            Self::Unreadable(_) => "unreadable",
         }
     }
 
@@ -166,7 +174,8 @@ impl Error {
             | Self::NotOurs { .. }
             | Self::Owned { .. }
             | Self::Collision { .. }
-            | Self::IncompleteObject(_) => false,
+            | Self::IncompleteObject(_)
+            | Self::Unreadable(_) => false,
         }
     }
 }

@@ -4,6 +4,10 @@
 //! The Lease is written with its `resourceVersion`, so of two replicas that both see it
 //! free, the API server lets exactly one write succeed (the other gets 409 Conflict).
 //!
+//! Every call to the API server about the Lease has a timeout ([`LeaderElection::call_timeout`]):
+//! a call that hangs must not keep a leader from noticing, by its renew deadline, that it
+//! can no longer renew.
+//!
 //! Whether the holder stopped renewing is judged by this replica's own clock: how long
 //! the Lease has stood unchanged since this replica first saw it so, not by comparing
 //! the holder's `renewTime` with the local time, so clocks that disagree between nodes
@@ -95,12 +99,29 @@ pub fn next_spec(
     }
 }
 
+/// Why a call about the Lease failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("the Kubernetes API failed to {action} the Lease: {source}")]
+    Kube {
+        action: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the Kubernetes API did not {action} the Lease within {timeout:?}")]
+    TimedOut {
+        action: &'static str,
+        timeout: Duration,
+    },
+}
+
 /// One replica's side of the election.
 pub struct LeaderElection {
     api: Api<Lease>,
     lease_name: String,
     identity: String,
     lease_duration: Duration,
+    call_timeout: Duration,
     /// The Lease's last renewal as seen here, and when this replica first saw it.
     last_seen: Mutex<Option<(Renewal, Instant)>>,
 }
@@ -117,7 +138,36 @@ impl LeaderElection {
             lease_name: lease_name.to_string(),
             identity: identity.to_string(),
             lease_duration,
+            // Two calls per try (read, then write) fit well within the renew deadline
+            // (two thirds of the Lease).
+            call_timeout: lease_duration / 5,
             last_seen: Mutex::new(None),
+        }
+    }
+
+    /// How long one call about the Lease may take.
+    pub fn call_timeout(&self) -> Duration {
+        self.call_timeout
+    }
+
+    /// How long a leader may go without renewing before it steps down: two thirds of
+    /// the Lease, so it stops acting well before a standby may take the Lease over.
+    pub fn renew_deadline(&self) -> Duration {
+        self.lease_duration * 2 / 3
+    }
+
+    /// `call`, failed with [`LeaseError::TimedOut`] when it takes longer than allowed.
+    async fn call<T>(
+        &self,
+        action: &'static str,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, LeaseError> {
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(result) => result.map_err(|source| LeaseError::Kube { action, source }),
+            Err(_) => Err(LeaseError::TimedOut {
+                action,
+                timeout: self.call_timeout,
+            }),
         }
     }
 
@@ -142,8 +192,10 @@ impl LeaderElection {
 
     /// Acquires or renews the Lease when this replica may; returns whether it leads now.
     /// Losing a race for the Lease is not an error: it means another replica leads.
-    pub async fn try_lead(&self) -> Result<bool, kube::Error> {
-        let found = self.api.get_opt(&self.lease_name).await?;
+    pub async fn try_lead(&self) -> Result<bool, LeaseError> {
+        let found = self
+            .call("read", self.api.get_opt(&self.lease_name))
+            .await?;
         let previous = found.as_ref().and_then(|lease| lease.spec.as_ref());
         let unchanged_for = self.unchanged_for(Renewal::of(previous));
         match decide(previous, &self.identity, unchanged_for) {
@@ -165,26 +217,32 @@ impl LeaderElection {
                     },
                     spec: Some(spec),
                 };
-                self.api.create(&PostParams::default(), &lease).await
+                self.call("create", self.api.create(&PostParams::default(), &lease))
+                    .await
             }
             Some(mut lease) => {
                 // Keeps metadata.resourceVersion: the write fails if anyone wrote since.
                 lease.spec = Some(spec);
-                self.api
-                    .replace(&self.lease_name, &PostParams::default(), &lease)
-                    .await
+                let params = PostParams::default();
+                let replace = self.api.replace(&self.lease_name, &params, &lease);
+                self.call("renew", replace).await
             }
         };
         match written {
             Ok(_) => Ok(true),
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+            Err(LeaseError::Kube {
+                source: kube::Error::Api(status),
+                ..
+            }) if status.code == 409 => Ok(false),
             Err(e) => Err(e),
         }
     }
 
     /// Who holds the Lease now, if anyone.
-    pub async fn holder(&self) -> Result<Option<String>, kube::Error> {
-        let lease = self.api.get_opt(&self.lease_name).await?;
+    pub async fn holder(&self) -> Result<Option<String>, LeaseError> {
+        let lease = self
+            .call("read", self.api.get_opt(&self.lease_name))
+            .await?;
         Ok(lease
             .and_then(|l| l.spec)
             .and_then(|s| s.holder_identity)
@@ -192,8 +250,11 @@ impl LeaderElection {
     }
 
     /// Gives the Lease up, so a standby takes over at once instead of after it expires.
-    pub async fn release(&self) -> Result<(), kube::Error> {
-        let Some(mut lease) = self.api.get_opt(&self.lease_name).await? else {
+    pub async fn release(&self) -> Result<(), LeaseError> {
+        let Some(mut lease) = self
+            .call("read", self.api.get_opt(&self.lease_name))
+            .await?
+        else {
             return Ok(());
         };
         let ours = lease
@@ -208,9 +269,9 @@ impl LeaderElection {
             spec.acquire_time = None;
             spec.renew_time = None;
         }
-        self.api
-            .replace(&self.lease_name, &PostParams::default(), &lease)
-            .await?;
+        let params = PostParams::default();
+        let replace = self.api.replace(&self.lease_name, &params, &lease);
+        self.call("release", replace).await?;
         Ok(())
     }
 }

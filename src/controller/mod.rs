@@ -17,6 +17,7 @@ pub mod deployment;
 pub mod desired;
 pub mod error;
 pub mod leader;
+pub mod leadership;
 pub mod meta;
 pub mod metrics;
 pub mod ownership;
@@ -29,6 +30,7 @@ pub mod resolve;
 pub mod ssa;
 pub mod status;
 pub mod tenancy;
+pub mod unreadable;
 pub mod validate;
 pub mod watch;
 pub mod worker_user;
@@ -49,6 +51,7 @@ pub use reconcile::{FINALIZER, error_policy, reconcile};
 
 use crate::telemetry::{Health, spawn_server};
 use leader::LeaderElection;
+use leadership::{Renewal, keep_leading, wait_for_leadership};
 use metrics::Metrics;
 
 /// How long the main loop may go without a heartbeat before `/livez` fails.
@@ -76,10 +79,18 @@ pub struct Options {
     pub metrics_addr: SocketAddr,
     /// `None` runs without an election (a single replica, or local development).
     pub leader: Option<LeaderOptions>,
+    /// After SIGTERM, how long reconciles in flight may take before they are aborted;
+    /// shorter than the Lease, so the leader still holds it when it releases it.
+    pub drain_timeout: Duration,
 }
 
 /// Runs the operator until SIGTERM or Ctrl-C, or until it loses the Lease (it then
 /// exits with an error, to be restarted as a standby).
+///
+/// On SIGTERM no new reconcile starts, those in flight get `drain_timeout` to finish and
+/// are then aborted; the leader renews the Lease meanwhile and releases it only once no
+/// reconcile runs, so a standby never acts beside it. When the Lease is lost, every
+/// reconcile in flight is aborted at once.
 pub async fn run(options: Options) -> anyhow::Result<()> {
     crate::install_crypto_provider();
     let client = Client::try_default().await.map_err(|e| {
@@ -97,7 +108,6 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     let (stop_tx, stop) = signal::channel(false);
     tokio::spawn(async move {
         wait_for_termination().await;
-        tracing::info!("shutting down: finishing the reconciles in flight");
         let _ = stop_tx.send(true);
     });
 
@@ -108,8 +118,10 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             l.retry_period,
         )
     });
+    let mut acquired = None;
     if let Some((election, retry)) = &election {
-        if !wait_for_leadership(election, *retry, &health, stop.clone()).await {
+        acquired = wait_for_leadership(election, *retry, &health, stop.clone()).await;
+        if acquired.is_none() {
             return Ok(());
         }
         tracing::info!(identity = election.identity(), "leading: reconciling");
@@ -122,104 +134,70 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         options.settings.clone(),
         options.leader.as_ref().map(|l| l.identity.clone()),
     ));
-    let (lost_tx, lost) = signal::channel(false);
+    let (abort_tx, abort) = signal::channel(false);
+    let (done_tx, done) = signal::channel(false);
     let renewing = async {
-        if let (Some((election, retry)), Some(leader)) = (&election, &options.leader) {
-            keep_leading(
-                election,
-                *retry,
-                leader.lease_duration,
-                lost_tx,
-                stop.clone(),
-            )
-            .await;
+        let (Some((election, retry)), Some(at)) = (&election, acquired) else {
+            return Renewal::Stopped;
+        };
+        let renewal = keep_leading(election, *retry, at, done.clone()).await;
+        if renewal == Renewal::Lost {
+            metrics.set_leader(false);
+            let _ = abort_tx.send(true);
+        }
+        renewal
+    };
+    let draining = async {
+        let (mut stop, mut done) = (stop.clone(), done.clone());
+        tokio::select! {
+            () = signalled(&mut stop) => {}
+            () = signalled(&mut done) => return,
+        }
+        let drain = options.drain_timeout;
+        tracing::info!(
+            ?drain,
+            "shutting down: no new reconciles; waiting for those in flight"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(drain) => {
+                tracing::warn!(?drain, "reconciles still in flight after the drain timeout: aborting them");
+                let _ = abort_tx.send(true);
+            }
+            () = signalled(&mut done) => {}
         }
     };
-    let running = watch::run_controllers(
-        client,
-        &options.namespaces,
-        ctx,
-        &health,
-        stop.clone(),
-        lost.clone(),
-    );
-    tokio::join!(running, renewing);
+    let running = async {
+        let namespaces = &options.namespaces;
+        watch::run_controllers(
+            client,
+            namespaces,
+            ctx,
+            &health,
+            stop.clone(),
+            abort.clone(),
+        )
+        .await;
+        let _ = done_tx.send(true);
+    };
+    let (renewal, (), ()) = tokio::join!(renewing, running, draining);
     metrics.set_leader(false);
     health.set_ready(false);
-    let lost_lease = *lost.borrow();
+    if renewal == Renewal::Lost {
+        anyhow::bail!("lost the leader Lease; restarting as a standby");
+    }
     if let Some((election, _)) = &election
         && let Err(e) = election.release().await
     {
         tracing::warn!(error = %e, "could not release the leader Lease; a standby takes over when it expires");
     }
-    if lost_lease {
-        anyhow::bail!("lost the leader Lease to another replica; restarting as a standby");
-    }
     Ok(())
 }
 
-/// Tries for the Lease every `retry` until it is ours (`true`) or shutdown (`false`).
-/// A standby is ready: it is doing its job, which is to wait.
-async fn wait_for_leadership(
-    election: &LeaderElection,
-    retry: Duration,
-    health: &Health,
-    mut stop: signal::Receiver<bool>,
-) -> bool {
-    loop {
-        health.beat();
-        match election.try_lead().await {
-            Ok(true) => {
-                health.set_ready(false);
-                return true;
-            }
-            Ok(false) => {
-                if !health.is_ready() {
-                    let holder = election.holder().await.ok().flatten().unwrap_or_default();
-                    tracing::info!(%holder, "standing by: another replica leads");
-                }
-                health.set_ready(true);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read or write the leader Lease");
-                health.set_ready(false);
-            }
-        }
-        tokio::select! {
-            () = tokio::time::sleep(retry) => {}
-            _ = stop.wait_for(|stopped| *stopped) => return false,
-        }
+/// Resolves once `signal` is true; never when its sender is gone without saying so.
+pub async fn signalled(signal: &mut signal::Receiver<bool>) {
+    if signal.wait_for(|on| *on).await.is_err() {
+        std::future::pending::<()>().await;
     }
-}
-
-/// Renews the Lease every `retry` until shutdown; returns early (and says so on `lost`)
-/// once another replica holds it, or when it could not be renewed for `lease_duration`.
-async fn keep_leading(
-    election: &LeaderElection,
-    retry: Duration,
-    lease_duration: Duration,
-    lost: signal::Sender<bool>,
-    mut stop: signal::Receiver<bool>,
-) {
-    let mut last_renewed = tokio::time::Instant::now();
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(retry) => {}
-            _ = stop.wait_for(|stopped| *stopped) => return,
-        }
-        match election.try_lead().await {
-            Ok(true) => last_renewed = tokio::time::Instant::now(),
-            Ok(false) => break,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot renew the leader Lease");
-                if last_renewed.elapsed() >= lease_duration {
-                    break;
-                }
-            }
-        }
-    }
-    tracing::error!("lost the leader Lease; stopping reconciles");
-    let _ = lost.send(true);
 }
 
 /// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C.

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::ResourceExt;
 use kube::api::Api;
+use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
+use kube::{Resource, ResourceExt};
 
 use super::cleanup::cleanup;
 use super::context::Context;
@@ -17,7 +18,7 @@ use super::converge::converge;
 use super::deployment::deployment_name;
 use super::error::Error;
 use super::report::report;
-use crate::manifest::display_name;
+use super::unreadable;
 use crate::spec::MailerPipeline;
 
 /// The finalizer that holds a deleted pipeline until its RabbitMQ side is cleaned up.
@@ -30,7 +31,7 @@ pub async fn reconcile(pipeline: Arc<MailerPipeline>, ctx: Arc<Context>) -> Resu
     let namespace = pipeline
         .namespace()
         .ok_or(Error::IncompleteObject("namespace"))?;
-    let key = display_name(&pipeline);
+    let key = key_of(pipeline.as_ref());
     let api: Api<MailerPipeline> = Api::namespaced(ctx.client.clone(), &namespace);
     let result = finalizer(&api, FINALIZER, pipeline, |event| async {
         match event {
@@ -53,15 +54,44 @@ pub async fn reconcile(pipeline: Arc<MailerPipeline>, ctx: Arc<Context>) -> Resu
     result
 }
 
+/// Reconciles a pipeline as the root watch read it: one that could not be deserialized
+/// is reported on its object and fails, without holding up the others.
+pub async fn reconcile_guarded(
+    guard: Arc<DeserializeGuard<MailerPipeline>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    match &guard.0 {
+        Ok(pipeline) => reconcile(Arc::new(pipeline.clone()), ctx).await,
+        Err(invalid) => {
+            let started = Instant::now();
+            let error = unreadable::report(&guard, invalid, &ctx).await;
+            ctx.metrics
+                .reconciled(Err(error.category()), started.elapsed());
+            tracing::warn!(pipeline = %key_of(guard.as_ref()), error = %error, "cannot read the pipeline");
+            Err(error)
+        }
+    }
+}
+
 /// When a failed pipeline is tried again: soon, backing off, when the failure may pass
 /// by itself; otherwise after the resync interval (a change of the pipeline or of a
 /// Secret it names tries it at once).
-pub fn error_policy(pipeline: Arc<MailerPipeline>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy<K: Resource>(pipeline: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
     if error.is_transient() {
-        Action::requeue(ctx.next_backoff(&display_name(&pipeline)))
+        Action::requeue(ctx.next_backoff(&key_of(pipeline.as_ref())))
     } else {
         Action::requeue(ctx.settings.resync_interval)
     }
+}
+
+/// `namespace/name`, the key of a pipeline's backoff and logs.
+fn key_of<K: Resource>(object: &K) -> String {
+    let meta = object.meta();
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default()
+    )
 }
 
 fn flatten(error: finalizer::Error<Error>) -> Error {

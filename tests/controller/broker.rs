@@ -54,3 +54,32 @@ impl Drop for UserCleanup {
 
 /// Polls `check` until it returns `Some`, or panics after `seconds`.
 pub use crate::support::process::eventually;
+
+/// A management API that accepts connections and never answers: a broker that hangs.
+pub struct BlackHole {
+    /// Its URL, for a connection Secret's `uri`.
+    pub url: String,
+    accepted: std::sync::Arc<AtomicU32>,
+}
+
+impl BlackHole {
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = std::sync::Arc::new(AtomicU32::new(0));
+        let counting = accepted.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                counting.fetch_add(1, Ordering::SeqCst);
+                held.push(socket);
+            }
+        });
+        Self { url, accepted }
+    }
+
+    /// Connections accepted so far: requests that are hanging.
+    pub fn accepted(&self) -> u32 {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}

@@ -37,6 +37,7 @@ pub async fn end_to_end() {
         },
         metrics_addr: "127.0.0.1:0".parse().unwrap(),
         leader: None,
+        drain_timeout: Duration::from_secs(10),
     };
     let controller = tokio::spawn(mailer::controller::run(options));
     let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");

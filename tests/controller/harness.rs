@@ -115,7 +115,8 @@ impl Harness {
         let (store, mut writer) = kube::runtime::reflector::store();
         for name in names {
             let pipeline = self.pipeline(name);
-            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pipeline));
+            let guard = kube::core::DeserializeGuard(Ok(pipeline));
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(guard));
         }
         self.ctx.register_store(store);
     }

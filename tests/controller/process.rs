@@ -6,7 +6,8 @@ use std::process::{Child, Command, Stdio};
 
 use serde_json::json;
 
-use super::broker::{eventually, unique};
+use super::broker::{BlackHole, eventually, unique};
+use super::fake_api::Recorded;
 use super::harness::*;
 
 /// The controller process; killed when dropped, should a test fail before it stops.
@@ -32,15 +33,16 @@ fn free_port() -> u16 {
     listener.local_addr().unwrap().port()
 }
 
-/// A kubeconfig file for the fake server at `server`.
-fn kubeconfig(server: &str) -> std::path::PathBuf {
+/// A kubeconfig file for the fake server at `server`, whose bearer token is `token`
+/// (the fake records it, so a test tells replicas apart).
+fn kubeconfig(server: &str, token: &str) -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!("{}.yaml", unique("mailer-kubeconfig")));
     std::fs::write(
         &path,
         format!(
             "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
              clusters: [{{name: fake, cluster: {{server: '{server}'}}}}]\n\
-             users: [{{name: fake, user: {{token: test}}}}]\n\
+             users: [{{name: fake, user: {{token: {token}}}}}]\n\
              contexts: [{{name: fake, context: {{cluster: fake, user: fake}}}}]\n"
         ),
     )
@@ -48,8 +50,9 @@ fn kubeconfig(server: &str) -> std::path::PathBuf {
     path
 }
 
-/// Starts a replica named `identity`; returns it and the URL of its /metrics server.
-fn start(identity: &str, kubeconfig: &std::path::Path) -> (Running, String) {
+/// Starts a replica named `identity` with `args` besides the common ones; returns it
+/// and the URL of its /metrics server.
+fn start(identity: &str, kubeconfig: &std::path::Path, args: &[&str]) -> (Running, String) {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_mailer"))
         .args([
@@ -59,14 +62,8 @@ fn start(identity: &str, kubeconfig: &std::path::Path) -> (Running, String) {
             "--namespace",
             NS,
         ])
-        .args([
-            "--identity",
-            identity,
-            "--lease-namespace",
-            "ops",
-            "--lease-retry",
-            "1s",
-        ])
+        .args(["--identity", identity, "--lease-namespace", "ops"])
+        .args(args)
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "error")
@@ -112,8 +109,8 @@ async fn the_controller_process_leads_reconciles_and_stops_on_sigterm() {
         json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
         false,
     );
-    let config = kubeconfig(&h.fake.serve().await);
-    let (mut controller, metrics) = start("pod-a", &config);
+    let config = kubeconfig(&h.fake.serve().await, "pod-a");
+    let (mut controller, metrics) = start("pod-a", &config, &["--lease-retry", "1s"]);
 
     until_ready(&metrics).await;
     assert_eq!(holder(&h), "pod-a");
@@ -141,12 +138,14 @@ async fn the_controller_process_leads_reconciles_and_stops_on_sigterm() {
 async fn a_standby_is_ready_and_takes_over_when_the_leader_stops() {
     mailer::install_crypto_provider();
     let h = harness();
-    let config = kubeconfig(&h.fake.serve().await);
-    let (mut leader, leader_metrics) = start("pod-a", &config);
+    let server = h.fake.serve().await;
+    let config = kubeconfig(&server, "pod-a");
+    let (mut leader, leader_metrics) = start("pod-a", &config, &["--lease-retry", "1s"]);
     until_ready(&leader_metrics).await;
     assert_eq!(holder(&h), "pod-a");
 
-    let (mut standby, standby_metrics) = start("pod-b", &config);
+    let standby_config = kubeconfig(&server, "pod-b");
+    let (mut standby, standby_metrics) = start("pod-b", &standby_config, &["--lease-retry", "1s"]);
     until_ready(&standby_metrics).await;
     let (_, text) = get(&format!("{standby_metrics}/metrics"))
         .await
@@ -166,4 +165,113 @@ async fn a_standby_is_ready_and_takes_over_when_the_leader_stops() {
     .await;
     assert!(terminate(&mut standby).await.success());
     let _ = std::fs::remove_file(config);
+    let _ = std::fs::remove_file(standby_config);
+}
+
+/// `--leader-election false`, as the README says for development: the controller
+/// reconciles, is ready, and stops on SIGTERM.
+#[tokio::test]
+async fn without_an_election_the_controller_runs_and_stops_cleanly() {
+    mailer::install_crypto_provider();
+    let h = harness();
+    h.seed_pipeline(
+        "shop",
+        json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
+        false,
+    );
+    let config = kubeconfig(&h.fake.serve().await, "solo");
+    let (mut controller, metrics) = start("solo", &config, &["--leader-election", "false"]);
+    until_ready(&metrics).await;
+    eventually(30, "the pipeline's finalizer", || async {
+        let stored = h.fake.get(&pipeline_path("shop"))?;
+        (stored["metadata"]["finalizers"] == json!([FINALIZER])).then_some(())
+    })
+    .await;
+    let (_, text) = get(&format!("{metrics}/metrics")).await.expect("/metrics");
+    assert!(text.contains("mailer_controller_leader 1"), "{text}");
+    let exit = terminate(&mut controller).await;
+    assert!(exit.success(), "{exit}");
+    assert!(
+        h.fake.get(LEASE_PATH).is_none(),
+        "no Lease without an election"
+    );
+    let _ = std::fs::remove_file(config);
+}
+
+/// SIGTERM while a reconcile hangs on the broker: the leader stops starting reconciles,
+/// keeps renewing while it drains, aborts what is left after the drain timeout, and only
+/// then releases the Lease; the standby takes over. At no moment do both write.
+#[tokio::test]
+async fn sigterm_during_a_slow_reconcile_hands_over_without_two_leaders_writing() {
+    mailer::install_crypto_provider();
+    let h = harness();
+    let broker = BlackHole::start().await;
+    connection_secret(&h, &broker.url);
+    h.seed_pipeline(
+        "shop",
+        json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
+        true,
+    );
+    let server = h.fake.serve().await;
+    let timing = [
+        "--lease-duration",
+        "6s",
+        "--lease-retry",
+        "500ms",
+        "--drain-timeout",
+        "2s",
+    ];
+    let (a_config, b_config) = (kubeconfig(&server, "pod-a"), kubeconfig(&server, "pod-b"));
+    let (mut leader, leader_metrics) = start("pod-a", &a_config, &timing);
+    until_ready(&leader_metrics).await;
+    let (_standby, standby_metrics) = start("pod-b", &b_config, &timing);
+    until_ready(&standby_metrics).await;
+    eventually(
+        30,
+        "the leader's reconcile to hang on the broker",
+        || async { (broker.accepted() > 0).then_some(()) },
+    )
+    .await;
+
+    let terminated = std::time::Instant::now();
+    assert!(terminate(&mut leader).await.success());
+    assert!(
+        terminated.elapsed() < std::time::Duration::from_secs(5),
+        "the drain is bounded: {:?}",
+        terminated.elapsed()
+    );
+    eventually(30, "the standby to take the Lease", || async {
+        (holder(&h) == "pod-b").then_some(())
+    })
+    .await;
+    let requests = h.fake.take_requests();
+    let is_lease = |r: &&Recorded| r.path.starts_with("/apis/coordination.k8s.io/");
+    let release = requests
+        .iter()
+        .find(|r| {
+            r.token == "pod-a" && r.method == "PUT" && r.body["spec"]["holderIdentity"].is_null()
+        })
+        .expect("the leader released the Lease");
+    let late: Vec<_> = requests
+        .iter()
+        .filter(|r| r.token == "pod-a" && r.at > release.at)
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the old leader acted after releasing: {late:?}"
+    );
+    let early: Vec<_> = requests
+        .iter()
+        .filter(|r| r.token == "pod-b" && r.is_write() && !is_lease(r) && r.at < release.at)
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(
+        early.is_empty(),
+        "the standby wrote while the leader led: {early:?}"
+    );
+    let _ = (
+        std::fs::remove_file(a_config),
+        std::fs::remove_file(b_config),
+    );
 }

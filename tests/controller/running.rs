@@ -49,3 +49,63 @@ async fn watched_pipelines_are_reconciled_until_shutdown() {
     .await
     .expect("the controllers stop on shutdown");
 }
+
+/// A pipeline the operator cannot deserialize (a field of a newer CRD) is reported on
+/// its object, and the pipeline beside it is reconciled all the same.
+#[tokio::test]
+async fn an_unreadable_pipeline_does_not_stall_the_others() {
+    let h = harness();
+    let spec = json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}});
+    h.seed_pipeline("good", spec.clone(), false);
+    let mut newer = spec;
+    newer["fieldOfANewerCrd"] = json!(true);
+    h.seed_pipeline("newer", newer, false);
+    let health = Health::new(Duration::from_secs(60));
+    let (stop_tx, stop) = watch::channel(false);
+    let (_lost_tx, lost) = watch::channel(false);
+    let namespaces = [NS.to_string()];
+    let running = run_controllers(
+        h.fake.client(),
+        &namespaces,
+        h.ctx.clone(),
+        &health,
+        stop,
+        lost,
+    );
+    let checking = async {
+        eventually(20, "the good pipeline to be reconciled", || async {
+            let stored = h.fake.get(&pipeline_path("good"))?;
+            (stored["metadata"]["finalizers"] == json!([FINALIZER])).then_some(())
+        })
+        .await;
+        let ready = eventually(20, "the unreadable pipeline to say so", || async {
+            let stored = h.fake.get(&pipeline_path("newer"))?;
+            let conditions = stored["status"]["conditions"].as_array()?.clone();
+            conditions.into_iter().find(|c| c["type"] == "Ready")
+        })
+        .await;
+        assert_eq!(ready["reason"], "Unreadable");
+        assert!(
+            ready["message"]
+                .as_str()
+                .unwrap()
+                .contains("fieldOfANewerCrd"),
+            "{ready}"
+        );
+        stop_tx.send(true).unwrap();
+    };
+    tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::join!(running, checking)
+    })
+    .await
+    .expect("the controllers stop on shutdown");
+    let published = events(&h.fake.take_requests());
+    assert_eq!(
+        published
+            .iter()
+            .filter(|e| e.1 == "ReconcileFailedUnreadable")
+            .count(),
+        1,
+        "{published:?}"
+    );
+}

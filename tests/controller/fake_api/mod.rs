@@ -21,6 +21,7 @@
 pub mod address;
 #[cfg(test)]
 mod conformance;
+pub mod faults;
 pub mod managers;
 pub mod patch;
 pub mod selector;
@@ -54,7 +55,11 @@ pub struct Recorded {
     pub query: String,
     pub content_type: String,
     pub accept: String,
+    /// The bearer token it came with: which client (e.g. which replica) sent it.
+    pub token: String,
     pub body: Value,
+    /// When the request arrived.
+    pub at: std::time::Instant,
 }
 
 impl Recorded {
@@ -78,6 +83,7 @@ struct Shared {
     managers: Mutex<Managers>,
     /// The newest resourceVersion, for watches to wait on.
     changed: tokio::sync::watch::Sender<u64>,
+    faults: faults::Faults,
 }
 
 /// The fake server's state, shared with whatever answers the clients.
@@ -96,6 +102,7 @@ impl Default for FakeApi {
                 }),
                 managers: Mutex::new(Managers::default()),
                 changed: tokio::sync::watch::channel(0).0,
+                faults: faults::Faults::default(),
             }),
         }
     }
@@ -148,6 +155,10 @@ impl FakeApi {
             newer
         });
         result
+    }
+
+    fn faults(&self) -> &faults::Faults {
+        &self.shared.faults
     }
 
     fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
@@ -207,9 +218,14 @@ impl FakeApi {
             query: parts.uri.query().unwrap_or_default().to_string(),
             content_type: header("content-type"),
             accept: header("accept"),
+            token: header("authorization")
+                .trim_start_matches("Bearer ")
+                .to_string(),
             body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            at: std::time::Instant::now(),
         };
         self.lock().requests.push(recorded.clone());
+        self.wait_while_stalled(&recorded.path).await;
         match self.answer(&recorded) {
             Ok(Answer::Object(code, object)) => json_response(code, &object),
             Ok(Answer::Watch(request)) => Response::builder()
