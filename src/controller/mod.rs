@@ -22,6 +22,7 @@ pub mod meta;
 pub mod metrics;
 pub mod ownership;
 pub mod quantity;
+pub mod rbac;
 pub mod reasons;
 pub mod reconcile;
 pub mod references;

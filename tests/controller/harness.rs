@@ -105,7 +105,9 @@ impl Harness {
     pub async fn reconcile(&self, name: &str) -> (Result<Action, Error>, Vec<Recorded>) {
         self.fake.take_requests();
         let result = reconcile(Arc::new(self.pipeline(name)), self.ctx.clone()).await;
-        (result, self.fake.take_requests())
+        let requests = self.fake.take_requests();
+        assert_listed_in_rbac(&requests);
+        (result, requests)
     }
 
     /// Deletes the pipeline as `kubectl delete` would: its finalizer holds it, marked
@@ -142,6 +144,46 @@ impl Harness {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).unwrap();
         out
+    }
+}
+
+/// Every request is one the code's list of API calls (src/controller/rbac.rs, which the
+/// chart's RBAC is held to) has: a call missing there would be forbidden in a cluster.
+/// Discovery (`GET /apis/<group>/<version>`) needs no rule.
+pub fn assert_listed_in_rbac(requests: &[Recorded]) {
+    use mailer::controller::rbac::CALLS;
+    for request in requests {
+        let segments: Vec<&str> = request.path.trim_matches('/').split('/').collect();
+        let (group, rest) = match segments.as_slice() {
+            ["api", _version, rest @ ..] => ("", rest),
+            ["apis", group, _version, rest @ ..] => (*group, rest),
+            _ => panic!("unexpected path {}", request.path),
+        };
+        let (resource, named) = match rest {
+            [] => continue,
+            ["namespaces", _, resource] => (resource.to_string(), false),
+            ["namespaces", _, resource, _name] => (resource.to_string(), true),
+            ["namespaces", _, resource, _name, sub] => (format!("{resource}/{sub}"), true),
+            other => panic!("unexpected path {}: {other:?}", request.path),
+        };
+        let verb = match (request.method.as_str(), named) {
+            ("GET", true) => "get",
+            ("GET", false) if request.is_watch() => "watch",
+            ("GET", false) => "list",
+            ("POST", _) => "create",
+            ("PUT", _) => "update",
+            ("PATCH", _) => "patch",
+            ("DELETE", _) => "delete",
+            (method, _) => panic!("unexpected method {method}"),
+        };
+        assert!(
+            CALLS
+                .iter()
+                .any(|c| c.group == group && c.resource == resource && c.verbs.contains(&verb)),
+            "{verb} {group}/{resource} ({} {}) is not in src/controller/rbac.rs",
+            request.method,
+            request.path
+        );
     }
 }
 
