@@ -34,6 +34,8 @@ mod phases;
 mod process;
 #[path = "controller/running.rs"]
 mod running;
+#[path = "controller/status.rs"]
+mod status;
 #[path = "controller/tenancy.rs"]
 mod tenancy;
 #[path = "controller/worker_pod.rs"]

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 
+use crate::controller::context::QUEUE_DEPTH_INTERVAL;
 use crate::controller::{LeaderOptions, Options, Settings};
 
 /// Where the release images are published; the chart, `deploy/operator.yaml` and the
@@ -125,6 +126,7 @@ impl ControllerArgs {
                 worker_image: self.worker_image,
                 resync_interval: self.resync_interval,
                 cluster_name: self.cluster_name,
+                queue_depth_interval: QUEUE_DEPTH_INTERVAL,
             },
             metrics_addr: self.metrics_addr,
             leader,

@@ -65,10 +65,9 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
         )
         .await;
     }
-    ctx.metrics.forget(
-        &pipeline.namespace().unwrap_or_default(),
-        &pipeline.name_any(),
-    );
+    let namespace = pipeline.namespace().unwrap_or_default();
+    ctx.metrics.forget(&namespace, &pipeline.name_any());
+    ctx.forget(&format!("{namespace}/{}", pipeline.name_any()));
     Ok(Action::await_change())
 }
 

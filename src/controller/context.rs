@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
@@ -31,17 +31,29 @@ pub struct Settings {
     pub resync_interval: Duration,
     /// `--cluster-name`: part of the workers' user names and of owner markers.
     pub cluster_name: String,
+    /// The least time between two readings of a pipeline's queue depths (so between
+    /// two status writes for depths alone); 30s.
+    pub queue_depth_interval: Duration,
 }
+
+/// How often queue depths are read at most, per pipeline.
+pub const QUEUE_DEPTH_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Shared by every reconcile.
 pub struct Context {
     pub client: Client,
-    reporter: Reporter,
+    /// One recorder for the process, so repeats of an event about the same object
+    /// version are counted in one Event (a series) instead of piling up.
+    recorder: Recorder,
     pub metrics: Metrics,
     pub settings: Settings,
     failures: Mutex<HashMap<String, u32>>,
     /// The controllers' caches of pipelines (one per watched namespace, or one for all).
     stores: Mutex<Vec<Store<DeserializeGuard<MailerPipeline>>>>,
+    /// When each pipeline's queue depths were last read.
+    depths_read: Mutex<HashMap<String, Instant>>,
+    /// When each pipeline's `DeadLettersGrew` was last published.
+    dead_letters_told: Mutex<HashMap<String, Instant>>,
 }
 
 impl Context {
@@ -56,13 +68,34 @@ impl Context {
             instance,
         };
         Self {
-            reporter,
+            recorder: Recorder::new(client.clone(), reporter),
             client,
             metrics,
             settings,
             failures: Mutex::new(HashMap::new()),
             stores: Mutex::new(Vec::new()),
+            depths_read: Mutex::new(HashMap::new()),
+            dead_letters_told: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Whether `key`'s queue depths are due to be read (and they count as read now).
+    pub fn queue_depths_due(&self, key: &str) -> bool {
+        due(&self.depths_read, key, self.settings.queue_depth_interval)
+    }
+
+    /// Whether `key`'s `DeadLettersGrew` may be published (and it counts as published
+    /// now): at most once per resync interval.
+    pub fn dead_letters_event_due(&self, key: &str) -> bool {
+        due(&self.dead_letters_told, key, self.settings.resync_interval)
+    }
+
+    /// Forgets what is kept about `key`, a pipeline that is gone.
+    pub fn forget(&self, key: &str) {
+        for map in [&self.depths_read, &self.dead_letters_told] {
+            lock(map).remove(key);
+        }
+        self.reset_backoff(key);
     }
 
     /// The delay before the next try of `key` after one more transient failure: 5s,
@@ -106,12 +139,9 @@ impl Context {
     }
 
     /// Publishes an event about `regarding`; a failure to publish is logged, since an
-    /// event is never worth failing a reconcile for.
-    ///
-    /// Each event gets a fresh `Recorder`: a shared one folds events of the same reason
-    /// within minutes into a series that keeps the first note, and a second repair's
-    /// note (what was repaired) would be lost. Events are only published when something
-    /// happened, so they do not pile up.
+    /// event is never worth failing a reconcile for. A repeat (same type, reason and
+    /// action about the same object version) within minutes is folded into the first
+    /// as a series, which keeps the first note; the log has every note.
     pub async fn publish(
         &self,
         regarding: &ObjectReference,
@@ -127,9 +157,32 @@ impl Context {
             action: action.to_string(),
             secondary: None,
         };
-        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
-        if let Err(e) = recorder.publish(&event, regarding).await {
+        tracing::info!(
+            reason,
+            note = event.note.as_deref().unwrap_or_default(),
+            "event"
+        );
+        if let Err(e) = self.recorder.publish(&event, regarding).await {
             tracing::warn!(error = %e, reason, "could not publish an event");
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether `interval` passed since `key` was last due in `last`; if so it is due now.
+fn due(last: &Mutex<HashMap<String, Instant>>, key: &str, interval: Duration) -> bool {
+    let mut last = lock(last);
+    let now = Instant::now();
+    match last.get(key) {
+        Some(at) if now.duration_since(*at) < interval => false,
+        _ => {
+            last.insert(key.to_string(), now);
+            true
         }
     }
 }

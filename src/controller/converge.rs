@@ -6,13 +6,10 @@
 //! and validated.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::Client;
-
-use std::sync::Arc;
 
 use super::apply::{Applied, apply};
 use super::autoscaling::{self, Autoscaling};
-use super::context::Settings;
+use super::context::Context;
 use super::desired::desired;
 use super::error::Error;
 use super::ownership::{check_collisions, claim};
@@ -32,16 +29,16 @@ pub struct Converged {
 }
 
 /// Applies everything `pipeline` asks for. `live_deployment` is the worker Deployment
-/// as read before; `known` the pipelines in the controller's caches, to find another
-/// that claims the same send queue.
+/// as read before. The pipelines in the controller's caches are looked at first, for
+/// an older one that claims the same send queue.
 pub async fn converge(
-    client: &Client,
-    settings: &Settings,
+    ctx: &Context,
     pipeline: &MailerPipeline,
     live_deployment: Option<Deployment>,
-    known: &[Arc<MailerPipeline>],
 ) -> Result<Converged, Error> {
-    check_collisions(pipeline, known)?;
+    let client = &ctx.client;
+    let settings = &ctx.settings;
+    check_collisions(pipeline, &ctx.known_pipelines())?;
     let resolved = resolve(client, pipeline, live_deployment).await?;
     let valid = validate(pipeline, &resolved, &settings.cluster_name)?;
     let desired = desired(&valid, &resolved, settings)?;
@@ -51,12 +48,15 @@ pub async fn converge(
     let (autoscaling, reapplied) =
         autoscaling::converge(client, pipeline, &valid.namespace).await?;
     applied.reapplied_objects.extend(reapplied);
-    let queues = queue_depths(
-        &valid.broker.management,
-        &desired.topology.vhost,
-        &valid.spec.topology,
-    )
-    .await;
+    // Read at most every `queue_depth_interval`; in between the status keeps the last.
+    let key = format!("{}/{}", valid.namespace, valid.name);
+    let queues = match ctx.queue_depths_due(&key) {
+        true => {
+            let management = &valid.broker.management;
+            queue_depths(management, &desired.topology.vhost, &valid.spec.topology).await
+        }
+        false => None,
+    };
     Ok(Converged {
         applied,
         autoscaling,
@@ -65,11 +65,12 @@ pub async fn converge(
     })
 }
 
-/// Whether the spec is the one the last status was written for, so a difference found
-/// now was made by someone else (drift) rather than asked for.
+/// Whether the spec is the one the operator last applied in full, so a difference found
+/// now was made by someone else (drift) rather than asked for. `observedGeneration` does
+/// not tell: it is written after a failed attempt too.
 pub fn unchanged_spec(pipeline: &MailerPipeline) -> bool {
-    let observed = pipeline.status.as_ref().and_then(|s| s.observed_generation);
-    observed.is_some() && observed == pipeline.metadata.generation
+    let applied = pipeline.status.as_ref().and_then(|s| s.applied_generation);
+    applied.is_some() && applied == pipeline.metadata.generation
 }
 
 /// The depths of the send, retry and dead queues; `None` when the broker could not be

@@ -84,8 +84,14 @@ pub const CALLS: &[Call] = &[
         &["get", "list", "watch", "create", "patch"],
         Scope::Watched,
     ),
-    // connection.rs: a RabbitmqCluster, and its Service for the management port.
-    call("rabbitmq.com", "rabbitmqclusters", &["get"], Scope::Watched),
+    // connection.rs: a RabbitmqCluster, and its Service for the management port;
+    // watch.rs watches RabbitmqClusters (as metadata) when their CRD is installed.
+    call(
+        "rabbitmq.com",
+        "rabbitmqclusters",
+        &["get", "list", "watch"],
+        Scope::Watched,
+    ),
     call("", "services", &["get"], Scope::Watched),
     // autoscaling.rs: KEDA's objects, applied, and removed when autoscaling is off.
     call(
@@ -101,7 +107,7 @@ pub const CALLS: &[Call] = &[
         Scope::Watched,
     ),
     // context.rs: events about pipelines, through kube's recorder (which patches an
-    // event it has published before).
+    // event it has published before into a series).
     call(
         "events.k8s.io",
         "events",

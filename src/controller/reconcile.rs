@@ -118,8 +118,7 @@ async fn apply(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action, Error
             e,
         )
     })?;
-    let known = ctx.known_pipelines();
-    let outcome = converge(&ctx.client, &ctx.settings, pipeline, live.clone(), &known).await;
+    let outcome = converge(ctx, pipeline, live.clone()).await;
     report(pipeline, ctx, &outcome, live.as_ref()).await?;
     outcome.map(|_| Action::requeue(ctx.settings.resync_interval))
 }

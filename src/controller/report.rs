@@ -35,6 +35,7 @@ pub async fn report(
     let findings = match &outcome {
         Ok(done) => Findings {
             generation: pipeline.metadata.generation,
+            applied_generation: pipeline.metadata.generation,
             topology: TopologyOutcome::Ready,
             deployment: done.applied.deployment.as_ref(),
             desired_workers: desired_workers(pipeline, done.applied.deployment.as_ref()),
@@ -45,6 +46,7 @@ pub async fn report(
         },
         Err(e) => Findings {
             generation: pipeline.metadata.generation,
+            applied_generation: previous.and_then(|s| s.applied_generation),
             topology: TopologyOutcome::Failed {
                 reason: e.reason(),
                 message: e.public_message(),
@@ -123,8 +125,11 @@ async fn publish_events(
                 .map(ToString::to_string)
                 .chain(done.applied.user_changes.iter().map(ToString::to_string))
                 .collect();
-            let was_ready = previous.is_some_and(|p| p.is_true(TOPOLOGY_READY));
-            if !rabbitmq.is_empty() && !was_ready {
+            // Applied before (a status of an older operator has no appliedGeneration,
+            // but said TopologyReady): later changes are updates or repairs.
+            let applied_before = previous
+                .is_some_and(|p| p.applied_generation.is_some() || p.is_true(TOPOLOGY_READY));
+            if !rabbitmq.is_empty() && !applied_before {
                 ctx.publish(
                     &regarding,
                     EventType::Normal,
@@ -166,7 +171,14 @@ async fn publish_events(
             }
         }
     }
-    if let Some(added) = dead_letters_added(previous, status) {
+    let key = format!(
+        "{}/{}",
+        pipeline.namespace().unwrap_or_default(),
+        pipeline.name_any()
+    );
+    if let Some(added) = dead_letters_added(previous, status)
+        && ctx.dead_letters_event_due(&key)
+    {
         let total = status.queues.and_then(|q| q.dead).unwrap_or(added);
         let note = format!(
             "{added} new dead letters in {} ({total} in all); read their x-mail-dead-reason and x-mail-dead-error headers",

@@ -33,6 +33,8 @@ pub enum TopologyOutcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Findings<'a> {
     pub generation: Option<i64>,
+    /// The generation applied in full: this one after a success, else as before.
+    pub applied_generation: Option<i64>,
     pub topology: TopologyOutcome,
     /// The worker Deployment as it is now, if it exists.
     pub deployment: Option<&'a Deployment>,
@@ -151,6 +153,7 @@ pub fn desired_status(
     };
     MailerPipelineStatus {
         observed_generation: findings.generation,
+        applied_generation: findings.applied_generation,
         conditions: vec![
             condition(TOPOLOGY_READY, topology),
             condition(WORKER_READY, worker),
@@ -196,6 +199,7 @@ mod tests {
     fn findings(deployment: Option<&Deployment>, topology: TopologyOutcome) -> Findings<'_> {
         Findings {
             generation: Some(3),
+            applied_generation: Some(3),
             topology,
             deployment,
             desired_workers: 2,

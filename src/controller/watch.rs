@@ -1,27 +1,29 @@
-//! What triggers a reconcile: a change of a pipeline, of what it owns (its worker
-//! Deployment and Secret), of a Secret it names, and the periodic resync.
+//! What triggers a reconcile: a change of a pipeline's spec or finalizers, of what it
+//! owns (its worker Deployment and Secret), of a Secret it reads or the RabbitmqCluster
+//! it uses, and the periodic resync. Only the pipelines are kept in memory, whole; all
+//! the rest is watched as metadata (`docs/controller.md`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
-use kube::core::DeserializeGuard;
+use kube::api::{Api, DynamicObject};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{Predicate, PredicateConfig, WatchStreamExt, predicates, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::watch as signal;
 
+use super::connection::rabbitmq_cluster_resource;
 use super::context::Context;
 use super::error::Error;
+use super::index::{Guarded, ReferenceIndex, Referenced};
 use super::meta::managed_by_selector;
 use super::reconcile::{error_policy, reconcile_guarded};
-use super::references::reads_secret;
 use super::signalled;
-use crate::spec::MailerPipeline;
 use crate::telemetry::Health;
 
 /// How often the heartbeat of `/livez` is given while controllers run.
@@ -47,7 +49,7 @@ pub async fn run_controllers(
     let mut stores = Vec::new();
     let mut streams = Vec::new();
     for scope in scopes {
-        let controller = controller_for(&client, scope);
+        let controller = controller_for(&client, scope).await;
         stores.push(controller.store());
         ctx.register_store(controller.store());
         let shutdown = shutdown_signal(stop.clone(), abort.clone());
@@ -85,50 +87,98 @@ pub async fn run_controllers(
     }
 }
 
-fn controller_for(
-    client: &Client,
-    namespace: Option<&str>,
-) -> Controller<DeserializeGuard<MailerPipeline>> {
-    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-    where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
-    {
-        match namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
-    }
+/// The controller of one scope. Pipelines are watched whole, through
+/// `DeserializeGuard`, and reconciled when their generation or finalizers change (their
+/// status written by the operator itself does not trigger another reconcile). What
+/// they own (Deployment, Secret) and the Secrets and RabbitmqClusters they refer to are
+/// watched as metadata only, mapped through the [`ReferenceIndex`].
+async fn controller_for(client: &Client, namespace: Option<&str>) -> Controller<Guarded> {
+    let index = ReferenceIndex::default();
+    let (reader, writer) = reflector::store();
+    let pipelines = pipeline_triggers(api::<Guarded>(client, namespace), writer, index.clone());
     let owned = watcher::Config::default().labels(&managed_by_selector());
-    let controller = Controller::new(
-        api::<DeserializeGuard<MailerPipeline>>(client, namespace),
-        watcher::Config::default(),
-    );
-    let pipelines = controller.store();
-    controller
-        .owns(api::<Deployment>(client, namespace), owned.clone())
-        .owns(api::<Secret>(client, namespace), owned)
+    let by_secret = index.clone();
+    let mut controller = Controller::for_stream(pipelines, reader)
+        .owns(
+            api::<PartialObjectMeta<Deployment>>(client, namespace),
+            owned.clone(),
+        )
+        .owns(api::<PartialObjectMeta<Secret>>(client, namespace), owned)
         .watches(
-            api::<Secret>(client, namespace),
+            api::<PartialObjectMeta<Secret>>(client, namespace),
             watcher::Config::default(),
-            move |secret| pipelines_naming(&pipelines, &secret),
+            move |secret| {
+                by_secret.pipelines(&Referenced::Secret {
+                    namespace: secret.namespace().unwrap_or_default(),
+                    name: secret.name_any(),
+                })
+            },
+        );
+    if rabbitmq_clusters_served(client).await {
+        let resource = rabbitmq_cluster_resource();
+        let clusters: Api<PartialObjectMeta<DynamicObject>> = match namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        };
+        controller = controller.watches_with(
+            clusters,
+            resource,
+            watcher::Config::default(),
+            move |cluster| {
+                index.pipelines(&Referenced::Cluster {
+                    namespace: cluster.namespace().unwrap_or_default(),
+                    name: cluster.name_any(),
+                })
+            },
+        );
+    }
+    controller
+}
+
+/// The pipelines' watch as the controller's trigger: every event kept in `writer`'s store
+/// and the index, and passed on only when a pipeline's generation or finalizers changed
+/// (a new pipeline, a spec change, the finalizer added, deletion), not for a status
+/// write or another metadata change.
+pub fn pipeline_triggers(
+    api: Api<Guarded>,
+    writer: reflector::store::Writer<Guarded>,
+    index: ReferenceIndex,
+) -> impl Stream<Item = Result<Guarded, watcher::Error>> + Send + 'static {
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map_ok(move |event| {
+            index.observe(&event);
+            event
+        })
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(
+            predicates::generation::<Guarded>.combine(predicates::finalizers::<Guarded>),
+            PredicateConfig::default(),
         )
 }
 
-fn pipelines_naming(
-    pipelines: &Store<DeserializeGuard<MailerPipeline>>,
-    secret: &Secret,
-) -> Vec<ObjectRef<DeserializeGuard<MailerPipeline>>> {
-    let namespace = secret.namespace().unwrap_or_default();
-    let name = secret.name_any();
-    pipelines
-        .state()
-        .iter()
-        .filter(|p| {
-            p.0.as_ref()
-                .is_ok_and(|p| reads_secret(p, &namespace, &name))
-        })
-        .map(|p| ObjectRef::from_obj(p.as_ref()))
-        .collect()
+/// Whether RabbitMQ's cluster-operator CRD is installed, so RabbitmqClusters can be
+/// watched.
+async fn rabbitmq_clusters_served(client: &Client) -> bool {
+    let resource = rabbitmq_cluster_resource();
+    match client.list_api_group_resources(&resource.api_version).await {
+        Ok(list) => list.resources.iter().any(|r| r.name == resource.plural),
+        Err(e) => {
+            tracing::info!(error = %e, "RabbitmqClusters are not served: not watching them");
+            false
+        }
+    }
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
 }
 
 async fn shutdown_signal(mut stop: signal::Receiver<bool>, mut abort: signal::Receiver<bool>) {

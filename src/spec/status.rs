@@ -20,6 +20,11 @@ pub struct MailerPipelineStatus {
     /// the resource's generation, the operator has not yet acted on the latest change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The `metadata.generation` of the spec the operator last applied in full. A
+    /// difference the operator finds while the generation is this one was made behind its
+    /// back (drift); `observedGeneration` is written after failed attempts too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_generation: Option<i64>,
     /// `TopologyReady`, `WorkerReady` and `Ready`, each with a reason and a message that
     /// says what to do when it is not `True`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -34,6 +34,7 @@ pub async fn end_to_end() {
             worker_image: image,
             resync_interval: Duration::from_secs(30),
             cluster_name: "default".into(),
+            queue_depth_interval: Duration::from_secs(30),
         },
         metrics_addr: "127.0.0.1:0".parse().unwrap(),
         leader: None,

@@ -55,6 +55,8 @@ pub fn harness_of_cluster(cluster: &str) -> Harness {
         worker_image: "reg/mailer:test".into(),
         resync_interval: RESYNC,
         cluster_name: cluster.into(),
+        // Every reconcile reads them, so a test sees a new depth at once.
+        queue_depth_interval: Duration::ZERO,
     };
     let ctx = Arc::new(Context::new(
         fake.client(),
@@ -211,6 +213,20 @@ pub fn events(requests: &[Recorded]) -> Vec<(String, String, String)> {
         .map(|r| {
             let text = |field: &str| r.body[field].as_str().unwrap_or_default().to_string();
             (text("type"), text("reason"), text("note"))
+        })
+        .collect()
+}
+
+/// `(reason, count)` of every repeat of an event, which the recorder patches into the
+/// first one's series.
+pub fn event_repeats(requests: &[Recorded]) -> Vec<(String, i64)> {
+    let prefix = format!("{EVENTS_PATH}/");
+    requests
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.starts_with(&prefix))
+        .map(|r| {
+            let reason = r.body["reason"].as_str().unwrap_or_default().to_string();
+            (reason, r.body["series"]["count"].as_i64().unwrap_or(0))
         })
         .collect()
 }

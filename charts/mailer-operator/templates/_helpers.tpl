@@ -112,10 +112,11 @@ ClusterRole (all namespaces) or of each watched namespace's Role.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# A RabbitmqCluster, and its Service for its management port.
+# A RabbitmqCluster (watched as metadata when its CRD is installed), and its Service
+# for its management port.
 - apiGroups: ["rabbitmq.com"]
   resources: ["rabbitmqclusters"]
-  verbs: ["get"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get"]

@@ -278,6 +278,12 @@ impl Store {
         let mut next = previous.clone();
         next["metadata"]["deletionTimestamp"] = json!(now());
         next["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+        // As kube-apiserver does: the mark is a change a generation-watching controller
+        // must see.
+        if address.tracks_generation() {
+            let generation = previous["metadata"]["generation"].as_i64().unwrap_or(0);
+            next["metadata"]["generation"] = json!(generation + 1);
+        }
         Ok(self.record(address, Some(previous), next))
     }
 
