@@ -109,64 +109,104 @@ pub enum Autoscaling {
     Unavailable,
 }
 
+/// KEDA's side of a pipeline as read before anything is written.
+#[derive(Debug, Default)]
+pub struct LiveKeda {
+    installed: bool,
+    authentication: Option<DynamicObject>,
+    scaled_object: Option<DynamicObject>,
+}
+
+fn apis(client: &Client, namespace: &str) -> [(Api<DynamicObject>, &'static str); 2] {
+    [
+        (
+            Api::namespaced_with(
+                client.clone(),
+                namespace,
+                &trigger_authentication_resource(),
+            ),
+            "TriggerAuthentication",
+        ),
+        (
+            Api::namespaced_with(client.clone(), namespace, &scaled_object_resource()),
+            "ScaledObject",
+        ),
+    ]
+}
+
+/// Reads whether KEDA is installed and the pipeline's KEDA objects; under autoscaling,
+/// one of their names that another controls is a `Conflict` here, before any write.
+pub async fn resolve(
+    client: &Client,
+    pipeline: &MailerPipeline,
+    namespace: &str,
+) -> Result<LiveKeda, Error> {
+    if !keda_installed(client).await? {
+        return Ok(LiveKeda::default());
+    }
+    let name = deployment_name(pipeline);
+    let [(authentications, _), (scaled_objects, _)] = apis(client, namespace);
+    let live = LiveKeda {
+        installed: true,
+        authentication: read(&authentications, "TriggerAuthentication", namespace, &name).await?,
+        scaled_object: read(&scaled_objects, "ScaledObject", namespace, &name).await?,
+    };
+    if pipeline.spec.worker.autoscaling.is_some() {
+        ensure_ours(
+            "TriggerAuthentication",
+            live.authentication.as_ref(),
+            pipeline,
+        )?;
+        ensure_ours("ScaledObject", live.scaled_object.as_ref(), pipeline)?;
+    }
+    Ok(live)
+}
+
 /// Applies (or removes) the pipeline's KEDA objects, writing only what differs; returns
 /// the names of objects that existed and were applied again.
 pub async fn converge(
     client: &Client,
     pipeline: &MailerPipeline,
     namespace: &str,
+    live: LiveKeda,
 ) -> Result<(Autoscaling, Vec<String>), Error> {
     let name = deployment_name(pipeline);
-    let scaled_objects: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), namespace, &scaled_object_resource());
-    let authentications: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        namespace,
-        &trigger_authentication_resource(),
-    );
+    let [(authentications, _), (scaled_objects, _)] = apis(client, namespace);
+    let found = [
+        (
+            &authentications,
+            "TriggerAuthentication",
+            live.authentication,
+        ),
+        (&scaled_objects, "ScaledObject", live.scaled_object),
+    ];
     let Some(autoscaling) = &pipeline.spec.worker.autoscaling else {
-        // Only when KEDA is there can anything of it be left; only ours is removed.
-        if keda_installed(client).await? {
-            for (api, kind) in [
-                (&scaled_objects, "ScaledObject"),
-                (&authentications, "TriggerAuthentication"),
-            ] {
-                let live = read(api, kind, namespace, &name).await?;
-                if live.is_some() && ensure_ours(kind, live.as_ref(), pipeline).is_ok() {
-                    api.delete(&name, &DeleteParams::default())
-                        .await
-                        .map_err(|e| Error::kube(format!("delete {kind} {namespace}/{name}"), e))?;
-                }
+        // Only what is ours is removed.
+        for (api, kind, object) in found {
+            if object.is_some() && ensure_ours(kind, object.as_ref(), pipeline).is_ok() {
+                api.delete(&name, &DeleteParams::default())
+                    .await
+                    .map_err(|e| Error::kube(format!("delete {kind} {namespace}/{name}"), e))?;
             }
         }
         return Ok((Autoscaling::Off, Vec::new()));
     };
-    if !keda_installed(client).await? {
+    if !live.installed {
         return Ok((Autoscaling::Unavailable, Vec::new()));
     }
-    let mut repaired = Vec::new();
-    for (api, kind, desired) in [
-        (
-            &authentications,
-            "TriggerAuthentication",
-            desired_trigger_authentication(pipeline)?,
-        ),
-        (
-            &scaled_objects,
-            "ScaledObject",
-            desired_scaled_object(pipeline, autoscaling)?,
-        ),
-    ] {
-        let live = read(api, kind, namespace, &name).await?;
-        ensure_ours(kind, live.as_ref(), pipeline)?;
-        let applied = apply_if_changed(api, &desired, live.as_ref())
+    let mut reapplied = Vec::new();
+    for ((api, kind, object), desired) in found.into_iter().zip([
+        desired_trigger_authentication(pipeline)?,
+        desired_scaled_object(pipeline, autoscaling)?,
+    ]) {
+        let applied = apply_if_changed(api, &desired, object.as_ref())
             .await
             .map_err(|e| Error::kube(format!("apply {kind} {namespace}/{name}"), e))?;
-        if applied.is_some() && live.is_some() {
-            repaired.push(format!("{kind} {name}"));
+        if applied.is_some() && object.is_some() {
+            reapplied.push(format!("{kind} {name}"));
         }
     }
-    Ok((Autoscaling::On, repaired))
+    Ok((Autoscaling::On, reapplied))
 }
 
 async fn read(

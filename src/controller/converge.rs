@@ -42,11 +42,12 @@ pub async fn converge(
     let resolved = resolve(client, pipeline, live_deployment).await?;
     let valid = validate(pipeline, &resolved, &settings.cluster_name)?;
     let desired = desired(&valid, &resolved, settings)?;
+    let keda = autoscaling::resolve(client, pipeline, &valid.namespace).await?;
     claim(&valid, &desired, &settings.cluster_name).await?;
     let mut applied = apply(client, &valid, &resolved, &desired).await?;
     // KEDA's objects reference the Deployment, so they follow it.
     let (autoscaling, reapplied) =
-        autoscaling::converge(client, pipeline, &valid.namespace).await?;
+        autoscaling::converge(client, pipeline, &valid.namespace, keda).await?;
     applied.reapplied_objects.extend(reapplied);
     // Read at most every `queue_depth_interval`; in between the status keeps the last.
     let key = format!("{}/{}", valid.namespace, valid.name);

@@ -203,3 +203,46 @@ async fn with_keda_the_send_queue_scales_the_workers_and_their_count_is_left_to_
         ["mailer-operator"]
     );
 }
+
+#[tokio::test]
+async fn a_scaled_object_of_the_workers_name_that_is_not_ours_is_a_conflict_before_any_write() {
+    let h = harness();
+    let name = unique("shop");
+    let test_vhost = TestVhost::fresh("controller-keda-foreign");
+    let _users = UserCleanup(vec![worker_user(&name)]);
+    h.fake.install(KEDA, "scaledobjects");
+    h.fake.install(KEDA, "triggerauthentications");
+    connection_secret(&h, &secret_uri());
+    h.seed_pipeline(&name, spec(&test_vhost.name), true);
+    let worker_deployment = format!("{name}-worker");
+    let theirs = json!({"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+                        "metadata": {"name": worker_deployment, "namespace": NS},
+                        "spec": {"scaleTargetRef": {"name": "something-else"}}});
+    h.fake.put(&scaled_object_path(&worker_deployment), theirs);
+
+    let (result, requests) = h.reconcile(&name).await;
+    let error = result.unwrap_err();
+    assert_eq!(error.reason(), "Conflict");
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("ScaledObject {NS}/{worker_deployment}")),
+        "{error}"
+    );
+    assert_eq!(
+        writes(&requests),
+        [
+            format!("PATCH {}/status", pipeline_path(&name)),
+            format!("POST {EVENTS_PATH}")
+        ],
+        "nothing made, in Kubernetes or RabbitMQ"
+    );
+    assert!(
+        super::support::broker::raw_api()
+            .get_user(&worker_user(&name))
+            .await
+            .is_err()
+    );
+    let stored = h.fake.get(&scaled_object_path(&worker_deployment)).unwrap();
+    assert_eq!(stored["spec"]["scaleTargetRef"]["name"], "something-else");
+}
