@@ -14,12 +14,18 @@ mod autoscaling;
 mod broker;
 #[path = "controller/coexistence.rs"]
 mod coexistence;
+#[path = "controller/deletion.rs"]
+mod deletion;
 #[path = "controller/e2e.rs"]
 mod e2e;
 #[path = "controller/failures.rs"]
 mod failures;
 #[path = "controller/fake_api/mod.rs"]
 pub mod fake_api;
+#[path = "controller/fake_api/conformance.rs"]
+mod fake_api_conformance;
+#[path = "controller/fake_api/managers_tests.rs"]
+mod fake_api_managers;
 #[path = "controller/flow.rs"]
 mod flow;
 #[path = "controller/harness.rs"]

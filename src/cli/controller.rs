@@ -61,6 +61,11 @@ pub struct ControllerArgs {
     /// the Lease released; shorter than --lease-duration.
     #[arg(long, env = "MAILER_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     drain_timeout: Duration,
+    /// How long after a pipeline's deletion a cleanup that failed for now (the broker
+    /// unreachable) is retried before its finalizer is removed anyway, with an event
+    /// that lists what was left.
+    #[arg(long, env = "MAILER_CLEANUP_DEADLINE", default_value = "10m", value_parser = humantime::parse_duration)]
+    cleanup_deadline: Duration,
 }
 
 impl ControllerArgs {
@@ -127,6 +132,7 @@ impl ControllerArgs {
                 resync_interval: self.resync_interval,
                 cluster_name: self.cluster_name,
                 queue_depth_interval: QUEUE_DEPTH_INTERVAL,
+                cleanup_deadline: self.cleanup_deadline,
             },
             metrics_addr: self.metrics_addr,
             leader,

@@ -1,12 +1,19 @@
 //! What deleting a pipeline does: remove the worker's RabbitMQ user (when the operator
 //! made it) and what `deletionPolicy` allows of the topology, then let the pipeline go.
 //!
-//! Deletion always completes: when the broker, a Secret, the vhost or the RabbitmqCluster
-//! is already gone, what could not be cleaned up is said in an event and the finalizer
-//! is removed anyway, so nothing hangs in Terminating. Only a failing Kubernetes API
-//! holds it, since the finalizer could not be removed then either. The worker
+//! A failure that may pass (the broker briefly unreachable, the RabbitmqCluster's
+//! Service not there yet) is retried with the usual backoff until `cleanup_deadline`
+//! (10 minutes) after the pipeline's `deletionTimestamp`; so a short broker outage
+//! leaves neither the worker user nor the queues behind. Past that deadline, or at once
+//! for what cannot pass by itself (a Secret that is gone, credentials refused), deletion
+//! completes anyway: what could not be cleaned up is said in an event and the finalizer
+//! is removed, so nothing hangs in Terminating. A vhost that is gone is a clean deletion. The worker
 //! Deployment and Secret go with the pipeline through their owner references.
 
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -33,7 +40,16 @@ pub struct CleanupReport {
 }
 
 pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action, Error> {
-    let report = clean_up_rabbitmq(pipeline, ctx).await?;
+    let (report, transient) = clean_up_rabbitmq(pipeline, ctx).await?;
+    let deadline = ctx.settings.cleanup_deadline;
+    let gave_up = match transient {
+        Some(error) if within(pipeline, deadline) => {
+            tracing::warn!(error = %error, "cleanup failed for now: retrying until the cleanup deadline");
+            return Err(error);
+        }
+        Some(_) => true,
+        None => false,
+    };
     let regarding = pipeline.object_ref(&());
     let mut note = Vec::new();
     if !report.removed.is_empty() {
@@ -56,6 +72,12 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
             "NOT cleaned up (remove by hand if unwanted): {}",
             report.not_cleaned_up.join("; ")
         ));
+        if gave_up {
+            note.push(format!(
+                "gave up {} after the deletion (--cleanup-deadline)",
+                humantime::format_duration(deadline)
+            ));
+        }
         ctx.publish(
             &regarding,
             EventType::Warning,
@@ -71,12 +93,37 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
     Ok(Action::await_change())
 }
 
-/// Removes what may be removed; fails only when the Kubernetes API does.
+/// Whether `pipeline` was marked for deletion less than `deadline` ago.
+fn within(pipeline: &MailerPipeline, deadline: Duration) -> bool {
+    let Some(Time(deleted)) = &pipeline.metadata.deletion_timestamp else {
+        return false;
+    };
+    let elapsed = Timestamp::now().duration_since(*deleted).as_secs_f64();
+    elapsed < deadline.as_secs_f64()
+}
+
+/// Removes what may be removed; fails only when the Kubernetes API does. The error
+/// beside the report is the first failure that may pass by itself, if any.
 async fn clean_up_rabbitmq(
     pipeline: &MailerPipeline,
     ctx: &Context,
+) -> Result<(CleanupReport, Option<Error>), Error> {
+    let mut transient: Option<Error> = None;
+    let report = remove_from_rabbitmq(pipeline, ctx, &mut transient).await?;
+    Ok((report, transient))
+}
+
+async fn remove_from_rabbitmq(
+    pipeline: &MailerPipeline,
+    ctx: &Context,
+    transient: &mut Option<Error>,
 ) -> Result<CleanupReport, Error> {
     let mut report = CleanupReport::default();
+    let mut note_transient = |error: Error| {
+        if error.is_transient() && transient.is_none() {
+            *transient = Some(error);
+        }
+    };
     let spec = &pipeline.spec;
     let managed_user = spec
         .worker
@@ -92,6 +139,7 @@ async fn clean_up_rabbitmq(
                 "everything in RabbitMQ, since the broker could not be found: {}",
                 e.public_message()
             ));
+            note_transient(e);
             return Ok(report);
         }
     };
@@ -111,19 +159,26 @@ async fn clean_up_rabbitmq(
     if let Some(user) = &managed_user {
         let marker = user_marker(user);
         match is_ours(&management, &marker, &me).await {
-            Ok(_) => {
+            Ok(()) => {
                 match management.delete_user(user).await {
                     Ok(true) => report.removed.push(format!("user {user}")),
                     Ok(false) => {}
-                    Err(e) => report
-                        .not_cleaned_up
-                        .push(format!("user {user}: {}", public(e))),
+                    Err(e) => {
+                        let e = Error::from(e);
+                        report
+                            .not_cleaned_up
+                            .push(format!("user {user}: {}", e.public_message()));
+                        note_transient(e);
+                    }
                 }
-                release(&management, &marker, &mut report).await;
+                release(&management, &marker, &mut report, &mut note_transient).await;
             }
             Err(NotToRemove::Foreign(why)) => report.kept.push(format!("user {user}: {why}")),
-            Err(NotToRemove::Unknown(why)) => {
-                report.not_cleaned_up.push(format!("user {user}: {why}"));
+            Err(NotToRemove::Unknown(e)) => {
+                report
+                    .not_cleaned_up
+                    .push(format!("user {user}: {}", e.public_message()));
+                note_transient(e);
             }
         }
     }
@@ -135,11 +190,16 @@ async fn clean_up_rabbitmq(
         );
         match not {
             NotToRemove::Foreign(why) => report.kept.push(format!("{what}: {why}")),
-            NotToRemove::Unknown(why) => report.not_cleaned_up.push(format!("{what}: {why}")),
+            NotToRemove::Unknown(e) => {
+                report
+                    .not_cleaned_up
+                    .push(format!("{what}: {}", e.public_message()));
+                note_transient(e);
+            }
         }
         return Ok(report);
     }
-    release(&management, &marker, &mut report).await;
+    release(&management, &marker, &mut report, &mut note_transient).await;
 
     let policy = spec.topology.deletion_policy;
     // Deleting goes by the objects' names, which no capability changes; the broker is
@@ -149,11 +209,13 @@ async fn clean_up_rabbitmq(
         DeletionPolicy::Delete => match management.capabilities().await {
             Ok(capabilities) => capabilities,
             Err(e) => {
+                let e = Error::from(e);
                 report.not_cleaned_up.push(format!(
                     "the topology in vhost {:?}: {}",
                     spec.rabbitmq.vhost,
-                    public(e)
+                    e.public_message()
                 ));
+                note_transient(e);
                 return Ok(report);
             }
         },
@@ -192,21 +254,33 @@ async fn clean_up_rabbitmq(
                 }
             }
         }
-        Err(e) => report.not_cleaned_up.push(format!(
-            "the topology in vhost {:?}: {}",
-            desired.vhost,
-            public(e)
-        )),
+        Err(e) => {
+            let e = Error::from(e);
+            report.not_cleaned_up.push(format!(
+                "the topology in vhost {:?}: {}",
+                desired.vhost,
+                e.public_message()
+            ));
+            note_transient(e);
+        }
     }
     Ok(report)
 }
 
 /// Removes this pipeline's owner marker, so another pipeline may take what is left.
-async fn release(management: &Management, marker: &str, report: &mut CleanupReport) {
+async fn release(
+    management: &Management,
+    marker: &str,
+    report: &mut CleanupReport,
+    note_transient: &mut impl FnMut(Error),
+) {
     if let Err(e) = management.clear_owner(marker).await {
-        report
-            .not_cleaned_up
-            .push(format!("the owner marker {marker:?}: {}", public(e)));
+        let e = Error::from(e);
+        report.not_cleaned_up.push(format!(
+            "the owner marker {marker:?}: {}",
+            e.public_message()
+        ));
+        note_transient(e);
     }
 }
 

@@ -34,6 +34,9 @@ pub struct Settings {
     /// The least time between two readings of a pipeline's queue depths (so between
     /// two status writes for depths alone); 30s.
     pub queue_depth_interval: Duration,
+    /// How long after a pipeline's `deletionTimestamp` a cleanup that failed for now
+    /// (the broker unreachable) is retried before the finalizer goes anyway.
+    pub cleanup_deadline: Duration,
 }
 
 /// How often queue depths are read at most, per pipeline.

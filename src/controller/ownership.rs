@@ -122,12 +122,12 @@ pub async fn claim(valid: &Validated<'_>, desired: &Desired, cluster: &str) -> R
 }
 
 /// Why something in the broker is not removed with a pipeline.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum NotToRemove {
     /// Another pipeline owns it (its owner, in words).
     Foreign(String),
-    /// Its marker could not be read (why, in words fit for an event).
-    Unknown(String),
+    /// Its marker could not be read.
+    Unknown(Error),
 }
 
 /// `Ok` when what `marker` marks is this pipeline's to remove: marked as its own, or
@@ -138,7 +138,7 @@ pub async fn is_ours(management: &Management, marker: &str, me: &Owner) -> Resul
             Err(NotToRemove::Foreign(format!("it belongs to {owner}")))
         }
         Ok(_) => Ok(()),
-        Err(e) => Err(NotToRemove::Unknown(Error::from(e).public_message())),
+        Err(e) => Err(NotToRemove::Unknown(Error::from(e))),
     }
 }
 

@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject};
 use kube::core::PartialObjectMeta;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{Predicate, PredicateConfig, WatchStreamExt, predicates, watcher};
 use kube::{Client, ResourceExt};
@@ -25,6 +25,11 @@ use super::meta::managed_by_selector;
 use super::reconcile::{error_policy, reconcile_guarded};
 use super::signalled;
 use crate::telemetry::Health;
+
+/// Reconciles running at once, per controller: bounds the operator's memory and the
+/// load it puts on the API server and the brokers when many pipelines need work at once
+/// (at start, at each resync).
+pub const MAX_CONCURRENT_RECONCILES: u16 = 16;
 
 /// How often the heartbeat of `/livez` is given while controllers run.
 const HEARTBEAT: Duration = Duration::from_secs(10);
@@ -99,6 +104,7 @@ async fn controller_for(client: &Client, namespace: Option<&str>) -> Controller<
     let owned = watcher::Config::default().labels(&managed_by_selector());
     let by_secret = index.clone();
     let mut controller = Controller::for_stream(pipelines, reader)
+        .with_config(Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
         .owns(
             api::<PartialObjectMeta<Deployment>>(client, namespace),
             owned.clone(),

@@ -35,6 +35,7 @@ pub async fn end_to_end() {
             resync_interval: Duration::from_secs(30),
             cluster_name: "default".into(),
             queue_depth_interval: Duration::from_secs(30),
+            cleanup_deadline: Duration::from_secs(600),
         },
         metrics_addr: "127.0.0.1:0".parse().unwrap(),
         leader: None,

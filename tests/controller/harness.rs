@@ -42,12 +42,25 @@ pub fn worker_user(name: &str) -> String {
 }
 
 pub fn harness() -> Harness {
-    harness_of_cluster("default")
+    harness_of("default", CLEANUP_DEADLINE)
+}
+
+/// The cleanup deadline of [`harness`]: the operator's default.
+pub const CLEANUP_DEADLINE: Duration = Duration::from_secs(600);
+
+/// A harness whose operator retries a failed cleanup for `cleanup_deadline` after the
+/// deletion (zero: never).
+pub fn harness_with(cleanup_deadline: Duration) -> Harness {
+    harness_of("default", cleanup_deadline)
 }
 
 /// A harness whose operator runs with `--cluster-name cluster`, with an API server of
 /// its own (another cluster's), sharing the broker.
 pub fn harness_of_cluster(cluster: &str) -> Harness {
+    harness_of(cluster, CLEANUP_DEADLINE)
+}
+
+fn harness_of(cluster: &str, cleanup_deadline: Duration) -> Harness {
     let fake = FakeApi::default();
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
@@ -57,6 +70,7 @@ pub fn harness_of_cluster(cluster: &str) -> Harness {
         cluster_name: cluster.into(),
         // Every reconcile reads them, so a test sees a new depth at once.
         queue_depth_interval: Duration::ZERO,
+        cleanup_deadline,
     };
     let ctx = Arc::new(Context::new(
         fake.client(),

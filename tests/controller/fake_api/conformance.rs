@@ -13,7 +13,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use mailer::spec::MailerPipeline;
 use serde_json::json;
 
-use super::FakeApi;
+use super::fake_api::FakeApi;
 
 const NS: &str = "prod";
 
@@ -363,5 +363,92 @@ async fn a_compacted_resource_version_is_gone_and_pages_continue() {
     match events.try_next().await.unwrap() {
         Some(WatchEvent::Error(e)) => assert_eq!(e.code, 410),
         other => panic!("expected 410 Gone, got {other:?}"),
+    }
+}
+
+mod address {
+    use super::super::fake_api::address::*;
+
+    #[test]
+    fn paths_parse_into_addresses() {
+        let a = Address::parse("/api/v1/namespaces/prod/secrets/conn").unwrap();
+        assert_eq!(
+            (
+                a.prefix.as_str(),
+                a.namespace.as_deref(),
+                a.resource.as_str(),
+                a.name.as_deref()
+            ),
+            ("/api/v1", Some("prod"), "secrets", Some("conn"))
+        );
+        assert_eq!(a.key(), "/api/v1/namespaces/prod/secrets/conn");
+        let s =
+            Address::parse("/apis/mailer.dev/v1alpha1/namespaces/prod/mailerpipelines/shop/status")
+                .unwrap();
+        assert_eq!(s.subresource.as_deref(), Some("status"));
+        assert_eq!(
+            s.key(),
+            "/apis/mailer.dev/v1alpha1/namespaces/prod/mailerpipelines/shop"
+        );
+        let all = Address::parse("/apis/apps/v1/deployments").unwrap();
+        assert!(all.namespace.is_none() && all.name.is_none());
+        assert!(all.contains(&Address::parse("/apis/apps/v1/namespaces/x/deployments/d").unwrap()));
+        let ns = Address::parse("/api/v1/namespaces/prod").unwrap();
+        assert_eq!(
+            (ns.resource.as_str(), ns.name.as_deref()),
+            ("namespaces", Some("prod"))
+        );
+        assert!(Address::parse("/apis/rabbitmq.com/v1beta1").is_none());
+        let q = Query::parse("labelSelector=a%3Db%2Cc&watch=true");
+        assert_eq!(q.get("labelSelector"), Some("a=b,c"));
+    }
+}
+
+mod selector {
+    use super::super::fake_api::selector::*;
+    use serde_json::json;
+
+    #[test]
+    fn selectors_match_as_the_api_server_does() {
+        let object = json!({"metadata": {"labels": {"app": "mailer", "tier": "worker"}}});
+        for (selector, expected) in [
+            ("", true),
+            ("app=mailer", true),
+            ("app==mailer,tier=worker", true),
+            ("app=other", false),
+            ("app!=other", true),
+            ("tier in (worker, web)", true),
+            ("tier notin (worker)", false),
+            ("app", true),
+            ("!app", false),
+            ("missing", false),
+            ("!missing", true),
+        ] {
+            let parsed = Selector::parse(selector).unwrap();
+            assert_eq!(parsed.matches(&object), expected, "{selector}");
+        }
+        assert!(
+            !Selector::parse("app=mailer")
+                .unwrap()
+                .matches(&json!({"metadata": {}}))
+        );
+    }
+}
+
+mod patch {
+    use super::super::fake_api::patch::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_failed_test_op_changes_nothing() {
+        let mut object = json!({"metadata": {"finalizers": ["a"]}});
+        let ops = json!([{"op": "remove", "path": "/metadata/finalizers/0"},
+                         {"op": "test", "path": "/metadata/finalizers", "value": ["b"]}]);
+        assert!(json_patch(&mut object, &ops).is_err());
+        assert_eq!(object, json!({"metadata": {"finalizers": ["a"]}}));
+        let ops = json!([{"op": "add", "path": "/metadata/labels", "value": {"a/b": "c"}},
+                         {"op": "replace", "path": "/metadata/labels/a~1b", "value": "d"}]);
+        json_patch(&mut object, &ops).unwrap();
+        assert_eq!(object["metadata"]["labels"]["a/b"], "d");
     }
 }

@@ -11,6 +11,8 @@ use super::FakeApi;
 pub struct Faults {
     /// Path prefixes whose requests hang.
     stalled: Mutex<Vec<String>>,
+    /// Path prefixes whose writes fail with 500.
+    failing: Mutex<Vec<String>>,
     /// Bumped whenever stalls are released.
     released: watch::Sender<u64>,
 }
@@ -31,6 +33,32 @@ impl FakeApi {
         let faults = self.faults();
         faults.stalled.lock().unwrap().clear();
         faults.released.send_modify(|n| *n += 1);
+    }
+
+    /// From now on, writes (anything but GET) to paths starting with `prefix` fail with
+    /// 500 Internal Server Error, until [`release_failures`](Self::release_failures).
+    pub fn fail(&self, prefix: &str) {
+        self.faults()
+            .failing
+            .lock()
+            .unwrap()
+            .push(prefix.to_string());
+    }
+
+    pub fn release_failures(&self) {
+        self.faults().failing.lock().unwrap().clear();
+    }
+
+    /// Whether a write to `path` is to fail.
+    pub(super) fn write_fails(&self, method: &str, path: &str) -> bool {
+        method != "GET"
+            && self
+                .faults()
+                .failing
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|prefix| path.starts_with(prefix.as_str()))
     }
 
     /// Waits while `path` is stalled.

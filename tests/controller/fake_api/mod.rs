@@ -19,8 +19,6 @@
 //! Each concern is a file of its own, so tests can add one (e.g. a fault) beside them.
 
 pub mod address;
-#[cfg(test)]
-mod conformance;
 pub mod faults;
 pub mod managers;
 pub mod patch;
@@ -226,6 +224,10 @@ impl FakeApi {
         };
         self.lock().requests.push(recorded.clone());
         self.wait_while_stalled(&recorded.path).await;
+        if self.write_fails(&recorded.method, &recorded.path) {
+            let e = ApiError::new(500, "InternalError", "injected failure");
+            return json_response(e.code, &status(&e));
+        }
         match self.answer(&recorded) {
             Ok(Answer::Object(code, object)) => json_response(code, &object),
             Ok(Answer::Watch(request)) => Response::builder()

@@ -88,22 +88,3 @@ fn remove(object: &mut Value, path: &str) -> Result<Value, String> {
 fn unescape(token: &str) -> String {
     token.replace("~1", "/").replace("~0", "~")
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn a_failed_test_op_changes_nothing() {
-        let mut object = json!({"metadata": {"finalizers": ["a"]}});
-        let ops = json!([{"op": "remove", "path": "/metadata/finalizers/0"},
-                         {"op": "test", "path": "/metadata/finalizers", "value": ["b"]}]);
-        assert!(json_patch(&mut object, &ops).is_err());
-        assert_eq!(object, json!({"metadata": {"finalizers": ["a"]}}));
-        let ops = json!([{"op": "add", "path": "/metadata/labels", "value": {"a/b": "c"}},
-                         {"op": "replace", "path": "/metadata/labels/a~1b", "value": "d"}]);
-        json_patch(&mut object, &ops).unwrap();
-        assert_eq!(object["metadata"]["labels"]["a/b"], "d");
-    }
-}

@@ -93,35 +93,3 @@ fn requirement(part: &str) -> Result<Requirement, String> {
     }
     Ok(Requirement::Exists(part.to_string()))
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn selectors_match_as_the_api_server_does() {
-        let object = json!({"metadata": {"labels": {"app": "mailer", "tier": "worker"}}});
-        for (selector, expected) in [
-            ("", true),
-            ("app=mailer", true),
-            ("app==mailer,tier=worker", true),
-            ("app=other", false),
-            ("app!=other", true),
-            ("tier in (worker, web)", true),
-            ("tier notin (worker)", false),
-            ("app", true),
-            ("!app", false),
-            ("missing", false),
-            ("!missing", true),
-        ] {
-            let parsed = Selector::parse(selector).unwrap();
-            assert_eq!(parsed.matches(&object), expected, "{selector}");
-        }
-        assert!(
-            !Selector::parse("app=mailer")
-                .unwrap()
-                .matches(&json!({"metadata": {}}))
-        );
-    }
-}

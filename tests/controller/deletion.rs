@@ -1,0 +1,112 @@
+//! Deletion and idempotence: a broker outage during deletion is waited out (until the
+//! cleanup deadline), and the workers' password is saved before RabbitMQ is told it.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use kube::runtime::controller::Action;
+use mailer::topology::users::password_matches;
+use serde_json::json;
+
+use super::broker::{CLOSED_MANAGEMENT_URL, UserCleanup, secret_uri, unique};
+use super::harness::*;
+use super::support::broker::{TestVhost, raw_api};
+
+/// The broker is away when the pipeline is deleted, and comes back: the cleanup is
+/// retried (the finalizer stays), then removes the worker user and the queues.
+#[tokio::test]
+async fn deletion_during_a_broker_outage_waits_for_the_broker() {
+    let h = harness();
+    let name = unique("shop");
+    let vhost = TestVhost::fresh("controller-outage");
+    let user = worker_user(&name);
+    let _users = UserCleanup(vec![user.clone()]);
+    connection_secret(&h, &secret_uri());
+    let spec = json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}},
+                      "topology": {"deletionPolicy": "Delete"}});
+    h.seed_pipeline(&name, spec, true);
+    h.reconcile(&name).await.0.unwrap();
+    let admin = raw_api();
+    admin.get_user(&user).await.expect("the worker user exists");
+
+    // The broker goes away (its address no longer answers), and the pipeline is deleted.
+    connection_secret(&h, CLOSED_MANAGEMENT_URL);
+    h.mark_deleted(&name);
+    let (result, requests) = h.reconcile(&name).await;
+    let error = result.unwrap_err();
+    assert_eq!(error.category(), "unreachable", "{error}");
+    assert_eq!(
+        writes(&requests),
+        Vec::<String>::new(),
+        "the finalizer stays"
+    );
+
+    // It comes back.
+    connection_secret(&h, &secret_uri());
+    let (result, requests) = h.reconcile(&name).await;
+    assert_eq!(result.unwrap(), Action::await_change());
+    let published = events(&requests);
+    assert_eq!(published[0].1, "CleanedUp", "{published:?}");
+    assert!(
+        admin.get_user(&user).await.is_err(),
+        "the worker user is gone"
+    );
+    assert!(
+        admin
+            .get_queue_info(&vhost.name, "mail.send")
+            .await
+            .is_err(),
+        "the queues are gone"
+    );
+    assert!(
+        h.fake.get(&pipeline_path(&name)).is_none(),
+        "the finalizer went, and the pipeline with it"
+    );
+}
+
+/// The worker Secret is lost, and saving its new one fails: RabbitMQ still knows the old
+/// password (which running workers use), since the new one is set only once saved.
+#[tokio::test]
+async fn a_new_password_reaches_rabbitmq_only_once_saved_in_its_secret() {
+    let h = harness();
+    let name = unique("shop");
+    let vhost = TestVhost::fresh("controller-password");
+    let user = worker_user(&name);
+    let _users = UserCleanup(vec![user.clone()]);
+    connection_secret(&h, &secret_uri());
+    let spec = json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}}});
+    h.seed_pipeline(&name, spec, true);
+    h.reconcile(&name).await.0.unwrap();
+    let secret = secret_path(&format!("{name}-worker-amqp"));
+    let first = h.secret_value(&format!("{name}-worker-amqp"), "password");
+    let admin = raw_api();
+    let stored_hash = async || {
+        admin
+            .get_user(&user)
+            .await
+            .unwrap()
+            .password_hash
+            .unwrap()
+            .to_string()
+    };
+    assert!(password_matches(&stored_hash().await, &first));
+
+    h.fake.delete(&secret).unwrap();
+    h.fake.fail(&secret);
+    let (result, _) = h.reconcile(&name).await;
+    assert_eq!(result.unwrap_err().category(), "kube-api");
+    assert!(
+        password_matches(&stored_hash().await, &first),
+        "RabbitMQ still has the password the workers use"
+    );
+
+    h.fake.release_failures();
+    h.reconcile(&name).await.0.unwrap();
+    let second = h.secret_value(&format!("{name}-worker-amqp"), "password");
+    assert_ne!(second, first, "a new password was made");
+    assert!(password_matches(&stored_hash().await, &second));
+    let saved = h.fake.get(&secret).unwrap();
+    let url = BASE64
+        .decode(saved["data"]["url"].as_str().unwrap())
+        .unwrap();
+    assert!(String::from_utf8(url).unwrap().contains(&second));
+}
