@@ -19,7 +19,7 @@ mod worker;
 pub use status::{
     MailerPipelineStatus, QueueDepths, READY, TOPOLOGY_READY, WORKER_READY, WorkerCounts,
 };
-pub use worker::{ImagePullPolicy, ProviderSpec, SecretKeySelector, WorkerSpec};
+pub use worker::{AutoscalingSpec, ImagePullPolicy, ProviderSpec, SecretKeySelector, WorkerSpec};
 
 /// The longest name RabbitMQ accepts for an exchange or a queue, in bytes.
 const MAX_NAME_BYTES: usize = 255;
@@ -368,6 +368,35 @@ impl MailerPipelineSpec {
         let worker = &self.worker;
         if worker.replicas < 0 {
             problem("worker.replicas", "must not be negative".into());
+        }
+        if let Some(autoscaling) = &worker.autoscaling {
+            if autoscaling.min_replicas < 0 {
+                problem(
+                    "worker.autoscaling.minReplicas",
+                    "must not be negative".into(),
+                );
+            }
+            if autoscaling.max_replicas < 1 {
+                problem(
+                    "worker.autoscaling.maxReplicas",
+                    "must be at least 1".into(),
+                );
+            }
+            if autoscaling.min_replicas > autoscaling.max_replicas {
+                problem(
+                    "worker.autoscaling.minReplicas",
+                    format!(
+                        "{} is above maxReplicas ({})",
+                        autoscaling.min_replicas, autoscaling.max_replicas
+                    ),
+                );
+            }
+            if autoscaling.messages_per_worker == 0 {
+                problem(
+                    "worker.autoscaling.messagesPerWorker",
+                    "must be at least 1".into(),
+                );
+            }
         }
         if worker.max_attempts == 0 {
             problem("worker.maxAttempts", "must be at least 1".into());

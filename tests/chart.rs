@@ -144,6 +144,7 @@ fn the_defaults_make_the_operator_with_a_cluster_role() {
         vec![
             ("MAILER_WORKER_IMAGE".into(), json!(DEFAULT_WORKER_IMAGE)),
             ("MAILER_RESYNC_INTERVAL".into(), json!("5m")),
+            ("MAILER_CLUSTER_NAME".into(), json!("default")),
             ("MAILER_METRICS_ADDR".into(), json!("0.0.0.0:8080")),
             ("MAILER_LEADER_ELECTION".into(), json!("true")),
             ("MAILER_LEASE_NAME".into(), json!(FULLNAME)),
@@ -224,6 +225,7 @@ affinity:
           labelSelector: {matchLabels: {app.kubernetes.io/name: mailer-operator}}
 priorityClassName: system-cluster-critical
 resyncInterval: 30s
+clusterName: eu-west
 logFormat: text
 logLevel: mailer=debug,info
 extraEnv: [{name: EXTRA, value: "1"}]
@@ -254,6 +256,10 @@ service: {annotations: {example.com/scrape: "true"}}
     assert_eq!(
         env_value(&objects, "MAILER_RESYNC_INTERVAL"),
         Some(json!("30s"))
+    );
+    assert_eq!(
+        env_value(&objects, "MAILER_CLUSTER_NAME"),
+        Some(json!("eu-west"))
     );
     assert_eq!(env_value(&objects, "MAIL_LOG_FORMAT"), Some(json!("text")));
     assert_eq!(

@@ -8,8 +8,12 @@
 
 pub mod support;
 
+#[path = "controller/autoscaling.rs"]
+mod autoscaling;
 #[path = "controller/broker.rs"]
 mod broker;
+#[path = "controller/coexistence.rs"]
+mod coexistence;
 #[path = "controller/deletion.rs"]
 mod deletion;
 #[path = "controller/e2e.rs"]
@@ -20,12 +24,16 @@ mod failures;
 pub mod fake_api;
 #[path = "controller/fake_api/conformance.rs"]
 mod fake_api_conformance;
+#[path = "controller/fake_api/managers_tests.rs"]
+mod fake_api_managers;
 #[path = "controller/flow.rs"]
 mod flow;
 #[path = "controller/harness.rs"]
 mod harness;
 #[path = "controller/leadership.rs"]
 mod leadership;
+#[path = "controller/ownership.rs"]
+mod ownership;
 #[path = "controller/phases.rs"]
 mod phases;
 #[path = "controller/process.rs"]
@@ -34,6 +42,8 @@ mod process;
 mod running;
 #[path = "controller/status.rs"]
 mod status;
+#[path = "controller/tenancy.rs"]
+mod tenancy;
 #[path = "controller/worker_pod.rs"]
 mod worker_pod;
 
@@ -155,6 +165,20 @@ fn cel_rules_want_distinct_unreserved_names() {
     assert!(cel_errors(with(json!({"exchange": "shop", "queue": "shop.out"}))).is_empty());
 }
 
+#[test]
+fn cel_rules_want_min_replicas_at_most_max_and_allow_zero() {
+    let with = |autoscaling: Value| json!({"rabbitmq": {"connectionSecret": {"name": "c"}}, "worker": {"autoscaling": autoscaling}});
+    assert!(cel_errors(with(json!({"minReplicas": 0, "maxReplicas": 3}))).is_empty());
+    assert!(cel_errors(with(json!({"minReplicas": 3, "maxReplicas": 3}))).is_empty());
+    let errors = cel_errors(with(json!({"minReplicas": 4, "maxReplicas": 3})));
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("minReplicas must not be above maxReplicas")),
+        "{errors:?}"
+    );
+}
+
 /// Every example pipeline parses; those for the operator (they name a connection
 /// Secret or a RabbitmqCluster) also pass its checks and the CRD's CEL rules. The others
 /// are for the standalone CLI, which is given the broker on its command line.
@@ -212,20 +236,39 @@ fn the_operator_manifest_runs_the_controller_with_the_permissions_it_uses() {
         pod.containers[0].args.as_deref(),
         Some(&["controller".to_string()][..])
     );
-    let role = of_kind("ClusterRole").to_string();
-    for resource in [
-        "mailerpipelines/status",
-        "deployments",
-        "secrets",
-        "rabbitmqclusters",
-        "events",
-    ] {
-        assert!(
-            role.contains(&format!("\"{resource}\"")),
-            "the ClusterRole lacks {resource}"
-        );
-    }
-    assert!(of_kind("Role").to_string().contains("leases"));
+    // The rules are exactly the calls the code lists (src/controller/rbac.rs), both ways.
+    let granted = |rules: &Value| {
+        let mut all = Vec::new();
+        for rule in rules.as_array().unwrap() {
+            let named = rule.get("resourceNames").is_some();
+            let strings = |v: &Value| -> Vec<String> {
+                v.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| s.as_str().unwrap().to_string())
+                    .collect()
+            };
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        all.push((group.clone(), resource.clone(), verb, named));
+                    }
+                }
+            }
+        }
+        all.sort();
+        all.dedup();
+        all
+    };
+    use mailer::controller::rbac::{Scope, grants};
+    assert_eq!(
+        granted(&of_kind("ClusterRole")["rules"]),
+        grants(|scope| scope == Scope::Watched)
+    );
+    assert_eq!(
+        granted(&of_kind("Role")["rules"]),
+        grants(|scope| matches!(scope, Scope::Lease { .. }))
+    );
 }
 
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases";

@@ -31,6 +31,11 @@ pub struct ControllerArgs {
     /// The worker image for pipelines that name none: normally the operator's own.
     #[arg(long, env = "MAILER_WORKER_IMAGE", default_value = DEFAULT_WORKER_IMAGE)]
     worker_image: String,
+    /// This cluster's name, for operators of several clusters that share a broker: it is
+    /// part of the workers' RabbitMQ user names and of the owner markers in the broker.
+    /// Lowercase letters, digits and dashes; every cluster sharing a broker needs its own.
+    #[arg(long, env = "MAILER_CLUSTER_NAME", default_value = "default")]
+    cluster_name: String,
     /// Where /metrics, /livez and /readyz are served.
     #[arg(long, env = "MAILER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -65,6 +70,13 @@ pub struct ControllerArgs {
 
 impl ControllerArgs {
     pub fn into_options(self) -> Result<Options> {
+        let valid_name = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+        if self.cluster_name.is_empty() || !self.cluster_name.chars().all(valid_name) {
+            bail!(
+                "--cluster-name (MAILER_CLUSTER_NAME) {:?} must be lowercase letters, digits and dashes",
+                self.cluster_name
+            );
+        }
         if self.worker_image.trim().is_empty() {
             bail!("--worker-image (MAILER_WORKER_IMAGE) must name an image");
         }
@@ -118,6 +130,7 @@ impl ControllerArgs {
             settings: Settings {
                 worker_image: self.worker_image,
                 resync_interval: self.resync_interval,
+                cluster_name: self.cluster_name,
                 queue_depth_interval: QUEUE_DEPTH_INTERVAL,
                 cleanup_deadline: self.cleanup_deadline,
             },

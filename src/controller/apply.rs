@@ -16,6 +16,7 @@ use super::ssa::apply_if_changed;
 use super::validate::Validated;
 use crate::spec::DeletionPolicy;
 use crate::topology::live::amqp_url_for;
+use crate::topology::ownership::{topology_marker, user_marker};
 use crate::topology::{self, Change, EmptinessCheck, Topology, UserChange, UserGrant};
 
 /// What applying changed.
@@ -76,10 +77,18 @@ pub async fn apply(
         };
         user_changes.extend(management.ensure_user(&grant).await?);
     }
-    if let Some(replaced) = &desired.replaced_user
-        && management.delete_user(replaced).await?
-    {
-        user_changes.push(UserChange::DeleteUser(replaced.clone()));
+    if let Some(replaced) = &desired.replaced_user {
+        // Only a user marked as this pipeline's, or not marked at all, is removed.
+        let marker = user_marker(replaced);
+        let owner = management.owner(&marker).await?;
+        let ours =
+            owner.is_none_or(|o| Some(o.uid.as_str()) == valid.pipeline.metadata.uid.as_deref());
+        if ours && management.delete_user(replaced).await? {
+            user_changes.push(UserChange::DeleteUser(replaced.clone()));
+        }
+        if ours {
+            management.clear_owner(&marker).await?;
+        }
     }
 
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
@@ -131,6 +140,19 @@ async fn leave_vhost(
         });
     }
     let policy = valid.spec.topology.deletion_policy;
+    let marker = topology_marker(&previous.vhost, &valid.spec.topology.queue);
+    // The old vhost's topology goes only when it is this pipeline's: marked as its own,
+    // or not marked at all (made before markers existed).
+    let owner = management.owner(&marker).await?;
+    if let Some(owner) =
+        owner.filter(|o| Some(o.uid.as_str()) != valid.pipeline.metadata.uid.as_deref())
+    {
+        left_behind.push(format!(
+            "keep the topology in vhost {:?}: it belongs to {owner}",
+            previous.vhost
+        ));
+        return Ok(());
+    }
     if policy == DeletionPolicy::Delete {
         let amqp_url = amqp_url_for(management.endpoint(), &previous.vhost);
         let report = topology::delete(
@@ -153,6 +175,9 @@ async fn leave_vhost(
                 .iter()
                 .map(|k| format!("keep in vhost {vhost:?} {k}")),
         );
+        if report.kept.is_empty() {
+            management.clear_owner(&marker).await?;
+        }
     }
     Ok(())
 }

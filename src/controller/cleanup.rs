@@ -21,10 +21,12 @@ use kube::{Resource, ResourceExt};
 use super::connection;
 use super::context::Context;
 use super::error::Error;
+use super::ownership::{NotToRemove, is_ours, owner_of};
 use super::reasons::event;
 use super::worker_user::managed_username;
 use crate::spec::{DeletionPolicy, MailerPipeline};
 use crate::topology::live::amqp_url_for;
+use crate::topology::ownership::{topology_marker, user_marker};
 use crate::topology::{self, BrokerCapabilities, EmptinessCheck, Management, Topology};
 
 /// What a cleanup removed, and what it left with why.
@@ -127,13 +129,15 @@ async fn remove_from_rabbitmq(
         .worker
         .user_secret
         .is_none()
-        .then(|| managed_username(pipeline));
+        .then(|| managed_username(&ctx.settings.cluster_name, pipeline));
+    let me = owner_of(&ctx.settings.cluster_name, pipeline);
     let broker = match connection::resolve(&ctx.client, pipeline).await {
         Ok(broker) => broker,
         Err(e @ Error::Kube { .. }) if e.is_transient() => return Err(e),
         Err(e) => {
             report.not_cleaned_up.push(format!(
-                "everything in RabbitMQ, since the broker could not be found: {e}"
+                "everything in RabbitMQ, since the broker could not be found: {}",
+                e.public_message()
             ));
             note_transient(e);
             return Ok(report);
@@ -144,23 +148,58 @@ async fn remove_from_rabbitmq(
         Err(e) => {
             report
                 .not_cleaned_up
-                .push(format!("everything in RabbitMQ: {e}"));
+                .push(format!("everything in RabbitMQ: {}", public(e)));
             return Ok(report);
         }
     };
 
     // The user goes first: RabbitMQ closes its connections, so the deliveries the
     // workers held return to their queue and are counted before a queue is deleted.
+    // Only what is marked as this pipeline's (or not marked at all) is removed.
     if let Some(user) = &managed_user {
-        match management.delete_user(user).await {
-            Ok(true) => report.removed.push(format!("user {user}")),
-            Ok(false) => {}
-            Err(e) => {
-                report.not_cleaned_up.push(format!("user {user}: {e}"));
-                note_transient(e.into());
+        let marker = user_marker(user);
+        match is_ours(&management, &marker, &me).await {
+            Ok(()) => {
+                match management.delete_user(user).await {
+                    Ok(true) => report.removed.push(format!("user {user}")),
+                    Ok(false) => {}
+                    Err(e) => {
+                        let e = Error::from(e);
+                        report
+                            .not_cleaned_up
+                            .push(format!("user {user}: {}", e.public_message()));
+                        note_transient(e);
+                    }
+                }
+                release(&management, &marker, &mut report, &mut note_transient).await;
+            }
+            Err(NotToRemove::Foreign(why)) => report.kept.push(format!("user {user}: {why}")),
+            Err(NotToRemove::Unknown(e)) => {
+                report
+                    .not_cleaned_up
+                    .push(format!("user {user}: {}", e.public_message()));
+                note_transient(e);
             }
         }
     }
+    let marker = topology_marker(&spec.rabbitmq.vhost, &spec.topology.queue);
+    if let Err(not) = is_ours(&management, &marker, &me).await {
+        let what = format!(
+            "the topology of queue {:?} in vhost {:?}",
+            spec.topology.queue, spec.rabbitmq.vhost
+        );
+        match not {
+            NotToRemove::Foreign(why) => report.kept.push(format!("{what}: {why}")),
+            NotToRemove::Unknown(e) => {
+                report
+                    .not_cleaned_up
+                    .push(format!("{what}: {}", e.public_message()));
+                note_transient(e);
+            }
+        }
+        return Ok(report);
+    }
+    release(&management, &marker, &mut report, &mut note_transient).await;
 
     let policy = spec.topology.deletion_policy;
     // Deleting goes by the objects' names, which no capability changes; the broker is
@@ -170,11 +209,13 @@ async fn remove_from_rabbitmq(
         DeletionPolicy::Delete => match management.capabilities().await {
             Ok(capabilities) => capabilities,
             Err(e) => {
+                let e = Error::from(e);
                 report.not_cleaned_up.push(format!(
-                    "the topology in vhost {:?}: {e}",
-                    spec.rabbitmq.vhost
+                    "the topology in vhost {:?}: {}",
+                    spec.rabbitmq.vhost,
+                    e.public_message()
                 ));
-                note_transient(e.into());
+                note_transient(e);
                 return Ok(report);
             }
         },
@@ -214,11 +255,36 @@ async fn remove_from_rabbitmq(
             }
         }
         Err(e) => {
-            report
-                .not_cleaned_up
-                .push(format!("the topology in vhost {:?}: {e}", desired.vhost));
-            note_transient(e.into());
+            let e = Error::from(e);
+            report.not_cleaned_up.push(format!(
+                "the topology in vhost {:?}: {}",
+                desired.vhost,
+                e.public_message()
+            ));
+            note_transient(e);
         }
     }
     Ok(report)
+}
+
+/// Removes this pipeline's owner marker, so another pipeline may take what is left.
+async fn release(
+    management: &Management,
+    marker: &str,
+    report: &mut CleanupReport,
+    note_transient: &mut impl FnMut(Error),
+) {
+    if let Err(e) = management.clear_owner(marker).await {
+        let e = Error::from(e);
+        report.not_cleaned_up.push(format!(
+            "the owner marker {marker:?}: {}",
+            e.public_message()
+        ));
+        note_transient(e);
+    }
+}
+
+/// What an event may say of a broker's failure (see [`Error::public_message`]).
+fn public(error: topology::TopologyError) -> String {
+    Error::from(error).public_message()
 }

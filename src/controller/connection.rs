@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::error::Error;
 use super::references::SecretRole;
+use super::tenancy::check_allowed;
 use crate::spec::MailerPipeline;
 use crate::topology::ManagementEndpoint;
 
@@ -43,7 +44,10 @@ pub async fn resolve(client: &Client, pipeline: &MailerPipeline) -> Result<Broke
             .err()
             .map_or(Error::IncompleteObject("spec.rabbitmq"), Error::from));
     };
-    let cluster_namespace = cluster_ref.namespace.clone().unwrap_or(namespace);
+    let cluster_namespace = cluster_ref
+        .namespace
+        .clone()
+        .unwrap_or_else(|| namespace.clone());
     let cluster_error = |problem: String| Error::Cluster {
         namespace: cluster_namespace.clone(),
         name: cluster_ref.name.clone(),
@@ -64,6 +68,8 @@ pub async fn resolve(client: &Client, pipeline: &MailerPipeline) -> Result<Broke
                     .into(),
             )
         })?;
+    // Before anything of the cluster is read: its Secret is an administrator's.
+    check_allowed(&cluster, &cluster_namespace, &namespace)?;
     let names = ClusterNames::of(&cluster);
     let services: Api<Service> = Api::namespaced(client.clone(), &cluster_namespace);
     let service = services

@@ -2,15 +2,18 @@
 //! the settings, and each pipeline's count of failures in a row for its backoff.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
+use kube::core::DeserializeGuard;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
 
 use super::meta::FIELD_MANAGER;
 use super::metrics::Metrics;
+use crate::spec::MailerPipeline;
 
 /// The first delay after a transient failure; it doubles with each failure in a row.
 pub const FIRST_BACKOFF: Duration = Duration::from_secs(5);
@@ -26,6 +29,8 @@ pub struct Settings {
     /// Kubernetes, and how long a pipeline that cannot work waits before it is tried
     /// again (a change of it, or of a Secret it names, tries it at once).
     pub resync_interval: Duration,
+    /// `--cluster-name`: part of the workers' user names and of owner markers.
+    pub cluster_name: String,
     /// The least time between two readings of a pipeline's queue depths (so between
     /// two status writes for depths alone); 30s.
     pub queue_depth_interval: Duration,
@@ -46,6 +51,8 @@ pub struct Context {
     pub metrics: Metrics,
     pub settings: Settings,
     failures: Mutex<HashMap<String, u32>>,
+    /// The controllers' caches of pipelines (one per watched namespace, or one for all).
+    stores: Mutex<Vec<Store<DeserializeGuard<MailerPipeline>>>>,
     /// When each pipeline's queue depths were last read.
     depths_read: Mutex<HashMap<String, Instant>>,
     /// When each pipeline's `DeadLettersGrew` was last published.
@@ -69,6 +76,7 @@ impl Context {
             metrics,
             settings,
             failures: Mutex::new(HashMap::new()),
+            stores: Mutex::new(Vec::new()),
             depths_read: Mutex::new(HashMap::new()),
             dead_letters_told: Mutex::new(HashMap::new()),
         }
@@ -104,6 +112,25 @@ impl Context {
         let delay = backoff_after(*count);
         *count = count.saturating_add(1);
         delay
+    }
+
+    /// Adds a controller's cache of pipelines to what [`Self::known_pipelines`] reads.
+    pub fn register_store(&self, store: Store<DeserializeGuard<MailerPipeline>>) {
+        self.stores
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(store);
+    }
+
+    /// Every pipeline in the controllers' caches (that could be read).
+    pub fn known_pipelines(&self) -> Vec<Arc<MailerPipeline>> {
+        self.stores
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .flat_map(Store::state)
+            .filter_map(|guard| guard.0.as_ref().ok().cloned().map(Arc::new))
+            .collect()
     }
 
     /// Forgets `key`'s failures after a success.

@@ -8,9 +8,11 @@
 use k8s_openapi::api::apps::v1::Deployment;
 
 use super::apply::{Applied, apply};
+use super::autoscaling::{self, Autoscaling};
 use super::context::Context;
 use super::desired::desired;
 use super::error::Error;
+use super::ownership::{check_collisions, claim};
 use super::resolve::resolve;
 use super::validate::validate;
 use crate::spec::{MailerPipeline, QueueDepths, TopologySpec};
@@ -20,22 +22,33 @@ use crate::topology::{Management, QueueDepth};
 #[derive(Debug)]
 pub struct Converged {
     pub applied: Applied,
+    /// Whether KEDA scales the workers.
+    pub autoscaling: Autoscaling,
     pub queues: Option<QueueDepths>,
     pub worker_user: String,
 }
 
 /// Applies everything `pipeline` asks for. `live_deployment` is the worker Deployment
-/// as read before.
+/// as read before. The pipelines in the controller's caches are looked at first, for
+/// an older one that claims the same send queue.
 pub async fn converge(
     ctx: &Context,
     pipeline: &MailerPipeline,
     live_deployment: Option<Deployment>,
 ) -> Result<Converged, Error> {
     let client = &ctx.client;
+    let settings = &ctx.settings;
+    check_collisions(pipeline, &ctx.known_pipelines())?;
     let resolved = resolve(client, pipeline, live_deployment).await?;
-    let valid = validate(pipeline, &resolved)?;
-    let desired = desired(&valid, &resolved, &ctx.settings)?;
-    let applied = apply(client, &valid, &resolved, &desired).await?;
+    let valid = validate(pipeline, &resolved, &settings.cluster_name)?;
+    let desired = desired(&valid, &resolved, settings)?;
+    let keda = autoscaling::resolve(client, pipeline, &valid.namespace).await?;
+    claim(&valid, &desired, &settings.cluster_name).await?;
+    let mut applied = apply(client, &valid, &resolved, &desired).await?;
+    // KEDA's objects reference the Deployment, so they follow it.
+    let (autoscaling, reapplied) =
+        autoscaling::converge(client, pipeline, &valid.namespace, keda).await?;
+    applied.reapplied_objects.extend(reapplied);
     // Read at most every `queue_depth_interval`; in between the status keeps the last.
     let key = format!("{}/{}", valid.namespace, valid.name);
     let queues = match ctx.queue_depths_due(&key) {
@@ -47,6 +60,7 @@ pub async fn converge(
     };
     Ok(Converged {
         applied,
+        autoscaling,
         queues,
         worker_user: valid.credentials.username.clone(),
     })

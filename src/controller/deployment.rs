@@ -187,7 +187,9 @@ pub fn desired_deployment(
     Ok(Deployment {
         metadata,
         spec: Some(DeploymentSpec {
-            replicas: Some(worker.replicas),
+            // Under autoscaling KEDA's autoscaler owns the count: applying one would
+            // undo its every decision.
+            replicas: worker.autoscaling.is_none().then_some(worker.replicas),
             selector: LabelSelector {
                 match_labels: Some(selector_labels(pipeline)),
                 ..LabelSelector::default()
@@ -197,6 +199,29 @@ pub fn desired_deployment(
         }),
         status: None,
     })
+}
+
+/// Keeps the selector of a Deployment that exists: it is immutable, and one made by an
+/// earlier version of the operator selects by other labels (`app.kubernetes.io/instance`
+/// before `mailer.dev/pipeline`). The pods then carry those labels too, so they still
+/// match it; the Deployment's own labels are the current ones.
+pub fn keep_live_selector(desired: &mut Deployment, live: &Deployment) {
+    let Some(live_selector) = live.spec.as_ref().map(|spec| spec.selector.clone()) else {
+        return;
+    };
+    let Some(spec) = desired.spec.as_mut() else {
+        return;
+    };
+    if spec.selector == live_selector {
+        return;
+    }
+    if let Some(metadata) = spec.template.metadata.as_mut() {
+        let labels = metadata.labels.get_or_insert_with(BTreeMap::new);
+        for (key, value) in live_selector.match_labels.iter().flatten() {
+            labels.insert(key.clone(), value.clone());
+        }
+    }
+    spec.selector = live_selector;
 }
 
 /// How long a stopping worker waits for the mail in flight: most of the grace period,
@@ -342,7 +367,7 @@ mod tests {
         assert_eq!(d["spec"]["replicas"], 1);
         assert_eq!(
             d["spec"]["selector"]["matchLabels"],
-            json!({"app.kubernetes.io/instance": "shop", "app.kubernetes.io/name": "mailer-worker"})
+            json!({"mailer.dev/pipeline": "shop", "app.kubernetes.io/name": "mailer-worker"})
         );
         assert_eq!(d["metadata"]["ownerReferences"][0]["uid"], "uid-1");
         assert_eq!(d["metadata"]["name"], "shop-worker");
@@ -383,6 +408,46 @@ mod tests {
         let annotations = &d["spec"]["template"]["metadata"]["annotations"];
         assert_eq!(annotations["a"], "b");
         assert_eq!(annotations[SECRETS_HASH_ANNOTATION], "abc");
+    }
+
+    #[test]
+    fn an_older_selector_is_kept_and_the_pods_still_match_it() {
+        let inputs = WorkerInputs {
+            default_image: "reg/mailer:1.0",
+            secrets_hash: "abc",
+        };
+        let p = pipeline("{}");
+        let mut old = desired_deployment(&p, inputs).unwrap();
+        let old_selector = BTreeMap::from([
+            (
+                "app.kubernetes.io/name".to_string(),
+                "mailer-worker".to_string(),
+            ),
+            ("app.kubernetes.io/instance".to_string(), "shop".to_string()),
+        ]);
+        old.spec.as_mut().unwrap().selector.match_labels = Some(old_selector.clone());
+        let mut desired = desired_deployment(&p, inputs).unwrap();
+        keep_live_selector(&mut desired, &old);
+        let spec = desired.spec.unwrap();
+        assert_eq!(spec.selector.match_labels, Some(old_selector.clone()));
+        let pod_labels = spec.template.metadata.unwrap().labels.unwrap();
+        for (key, value) in &old_selector {
+            assert_eq!(pod_labels.get(key), Some(value));
+        }
+        assert_eq!(pod_labels["mailer.dev/pipeline"], "shop");
+        assert!(
+            !desired
+                .metadata
+                .labels
+                .unwrap()
+                .contains_key("app.kubernetes.io/instance")
+        );
+    }
+
+    #[test]
+    fn under_autoscaling_the_count_is_left_to_the_autoscaler() {
+        let d = deployment("worker: {replicas: 3, autoscaling: {minReplicas: 0, maxReplicas: 5}}");
+        assert!(d["spec"].get("replicas").is_none(), "{}", d["spec"]);
     }
 
     #[test]

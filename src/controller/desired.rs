@@ -6,7 +6,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 
 use super::context::Settings;
-use super::deployment::{WorkerInputs, desired_deployment, secrets_hash};
+use super::deployment::{WorkerInputs, desired_deployment, keep_live_selector, secrets_hash};
 use super::error::Error;
 use super::references::SecretRole;
 use super::resolve::Resolved;
@@ -51,7 +51,10 @@ pub fn desired(
         default_image: &settings.worker_image,
         secrets_hash: &hash,
     };
-    let deployment = desired_deployment(valid.pipeline, inputs)?;
+    let mut deployment = desired_deployment(valid.pipeline, inputs)?;
+    if let Some(live) = &resolved.deployment {
+        keep_live_selector(&mut deployment, live);
+    }
     let previous_topology = match worker_user::applied_vhost(resolved.worker_secret.as_ref()) {
         Some(old) if old != topology.vhost => Some(Topology::desired(
             &old,

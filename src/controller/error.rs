@@ -30,6 +30,45 @@ pub enum Error {
         name: String,
         problem: String,
     },
+    #[error(
+        "RabbitmqCluster {cluster_namespace}/{cluster} does not allow pipelines of namespace {namespace}; its owner may add {namespace} (or *) to its annotation rabbitmq.com/topology-allowed-namespaces (comma-separated), or use a cluster in namespace {namespace}"
+    )]
+    NotAllowed {
+        cluster_namespace: String,
+        cluster: String,
+        /// The pipeline's namespace.
+        namespace: String,
+    },
+    #[error(
+        "{kind} {namespace}/{name} exists and is not this pipeline's ({}); the operator never takes over an object it does not control: rename or remove that {kind}, or rename the pipeline",
+        .controller.as_deref().map_or_else(|| "it has no controller".to_string(), |c| format!("its controller is {c}"))
+    )]
+    NotOurs {
+        kind: String,
+        namespace: String,
+        name: String,
+        /// `Kind name` of its controller, if it has one.
+        controller: Option<String>,
+    },
+    #[error(
+        "{what} in RabbitMQ belongs to {owner}; nothing was changed. Give this pipeline its own (another spec.topology.queue or spec.rabbitmq.vhost), or delete the other pipeline"
+    )]
+    Owned {
+        /// What is owned, e.g. `the topology of queue "mail.send" in vhost "/"`.
+        what: String,
+        /// The owner, as its marker names it.
+        owner: String,
+    },
+    #[error(
+        "MailerPipeline {other} is older and uses the same broker ({broker}), vhost {vhost:?} and queue {queue:?}; nothing was changed. Give this pipeline its own (another spec.topology.queue or spec.rabbitmq.vhost), or delete one of them"
+    )]
+    Collision {
+        /// `namespace/name` of the older pipeline.
+        other: String,
+        broker: String,
+        vhost: String,
+        queue: String,
+    },
     #[error(transparent)]
     Topology(#[from] TopologyError),
     #[error("the Kubernetes API failed to {action}: {source}")]
@@ -54,6 +93,7 @@ pub const CATEGORIES: &[&str] = &[
     "missing-secret",
     "missing-secret-key",
     "cluster",
+    "not-allowed",
     "bad-endpoint",
     "unreachable",
     "unauthorized",
@@ -80,11 +120,32 @@ impl Error {
             Self::MissingSecret { .. } => "missing-secret",
             Self::MissingSecretKey { .. } => "missing-secret-key",
             Self::Cluster { .. } => "cluster",
+            Self::NotAllowed { .. } => "not-allowed",
+            Self::NotOurs { .. } | Self::Owned { .. } | Self::Collision { .. } => "conflict",
             Self::Topology(TopologyError::InvalidSpec(_)) => "invalid-spec",
             Self::Topology(e) => e.category(),
             Self::Kube { .. } => "kube-api",
             Self::IncompleteObject(_) => "incomplete-object",
             Self::Unreadable(_) => "unreadable",
+        }
+    }
+
+    /// What the pipeline's status and events say: the error's text, except that what a
+    /// broker answered is never copied there. A management API's error body is the
+    /// broker's text (it may quote objects of other tenants, or anything a proxy in
+    /// front of it returns); it stays in the operator's log, which logs every failure.
+    pub fn public_message(&self) -> String {
+        match self {
+            Self::Topology(TopologyError::Refused { action, status, .. }) => {
+                let status = match status {
+                    0 => "no HTTP answer".to_string(),
+                    code => format!("HTTP {code}"),
+                };
+                format!(
+                    "RabbitMQ refused to {action} ({status}); the operator's log (kubectl logs of the mailer-operator pod) has the broker's answer"
+                )
+            }
+            other => other.to_string(),
         }
     }
 
@@ -109,6 +170,10 @@ impl Error {
             Self::InvalidSpec(_)
             | Self::MissingSecret { .. }
             | Self::MissingSecretKey { .. }
+            | Self::NotAllowed { .. }
+            | Self::NotOurs { .. }
+            | Self::Owned { .. }
+            | Self::Collision { .. }
             | Self::IncompleteObject(_)
             | Self::Unreadable(_) => false,
         }
@@ -160,5 +225,20 @@ mod tests {
         });
         assert_eq!(conflict.reason(), "Conflict");
         assert!(!conflict.is_transient());
+    }
+
+    #[test]
+    fn what_a_broker_answered_stays_out_of_the_public_message() {
+        let refused = Error::from(TopologyError::Refused {
+            action: "declare queue \"mail.send\"".into(),
+            status: 400,
+            reason: "<html>tenant-b secrets</html>".into(),
+        });
+        let message = refused.public_message();
+        assert!(!message.contains("tenant-b"), "{message}");
+        assert!(message.contains("declare queue") && message.contains("HTTP 400"));
+        assert!(refused.to_string().contains("tenant-b"), "the log keeps it");
+        let missing = Error::IncompleteObject("namespace");
+        assert_eq!(missing.public_message(), missing.to_string());
     }
 }

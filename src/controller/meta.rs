@@ -15,14 +15,17 @@ pub const FIELD_MANAGER: &str = "mailer-operator";
 /// The `app.kubernetes.io/name` of worker pods and their objects.
 pub const WORKER_APP: &str = "mailer-worker";
 
+/// The label that names the pipeline a worker pod (and every object the operator makes
+/// for it) belongs to. Not `app.kubernetes.io/instance`: Argo CD tracks what it deployed
+/// by that label, and would take the workers for objects of an Application of the
+/// pipeline's name.
+pub const PIPELINE_LABEL: &str = "mailer.dev/pipeline";
+
 /// The labels that select a pipeline's worker pods; they never change for a pipeline.
 pub fn selector_labels(pipeline: &MailerPipeline) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("app.kubernetes.io/name".to_string(), WORKER_APP.to_string()),
-        (
-            "app.kubernetes.io/instance".to_string(),
-            pipeline.name_any(),
-        ),
+        (PIPELINE_LABEL.to_string(), pipeline.name_any()),
     ])
 }
 

@@ -8,6 +8,7 @@
 //! main loop.
 
 pub mod apply;
+pub mod autoscaling;
 pub mod cleanup;
 pub mod connection;
 pub mod context;
@@ -20,6 +21,9 @@ pub mod leader;
 pub mod leadership;
 pub mod meta;
 pub mod metrics;
+pub mod ownership;
+pub mod quantity;
+pub mod rbac;
 pub mod reasons;
 pub mod reconcile;
 pub mod references;
@@ -27,6 +31,7 @@ pub mod report;
 pub mod resolve;
 pub mod ssa;
 pub mod status;
+pub mod tenancy;
 pub mod unreadable;
 pub mod validate;
 pub mod watch;

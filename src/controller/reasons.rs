@@ -17,6 +17,8 @@ pub const SCALED_TO_ZERO: &str = "ScaledToZero";
 pub const ALL_READY: &str = "AllReady";
 /// `WorkerReady=False`: some workers are not ready (rolling out, crashing, unschedulable).
 pub const WORKERS_NOT_READY: &str = "WorkersNotReady";
+/// `WorkerReady=False`: `spec.worker.autoscaling` is set but KEDA is not installed.
+pub const AUTOSCALING_UNAVAILABLE: &str = "AutoscalingUnavailable";
 /// `Ready=True`: the pipeline sends mail.
 pub const READY: &str = "Ready";
 
@@ -27,6 +29,7 @@ pub const STATE_REASONS: &[&str] = &[
     SCALED_TO_ZERO,
     ALL_READY,
     WORKERS_NOT_READY,
+    AUTOSCALING_UNAVAILABLE,
     READY,
 ];
 

@@ -8,6 +8,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use super::autoscaling::{Autoscaling, desired_workers};
 use super::context::Context;
 use super::converge::{Converged, unchanged_spec};
 use super::deployment::deployment_name;
@@ -37,7 +38,8 @@ pub async fn report(
             applied_generation: pipeline.metadata.generation,
             topology: TopologyOutcome::Ready,
             deployment: done.applied.deployment.as_ref(),
-            desired_workers: pipeline.spec.worker.replicas,
+            desired_workers: desired_workers(pipeline, done.applied.deployment.as_ref()),
+            autoscaling: done.autoscaling.clone(),
             deployment_name: &worker_deployment,
             queues: done.queues,
             worker_user: Some(done.worker_user.clone()),
@@ -47,10 +49,16 @@ pub async fn report(
             applied_generation: previous.and_then(|s| s.applied_generation),
             topology: TopologyOutcome::Failed {
                 reason: e.reason(),
-                message: e.to_string(),
+                message: e.public_message(),
             },
-            deployment: live,
-            desired_workers: pipeline.spec.worker.replicas,
+            // A Deployment of that name that is not ours says nothing about our workers.
+            deployment: live.filter(|_| !matches!(e, Error::NotOurs { .. })),
+            desired_workers: desired_workers(pipeline, live),
+            autoscaling: if pipeline.spec.worker.autoscaling.is_some() {
+                Autoscaling::On
+            } else {
+                Autoscaling::Off
+            },
             deployment_name: &worker_deployment,
             queues: None,
             worker_user: previous.and_then(|s| s.worker_user.clone()),
@@ -104,7 +112,7 @@ async fn publish_events(
                     EventType::Warning,
                     &reason,
                     "Reconcile",
-                    e.to_string(),
+                    e.public_message(),
                 )
                 .await;
             }

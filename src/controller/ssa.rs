@@ -1,11 +1,16 @@
-//! Server-side apply, made only when the object differs from what is asked for.
+//! Server-side apply, made only when the object differs from what is asked for, and
+//! never to an object another controller owns.
 //!
 //! Server-side apply is idempotent, but each one is still a write request the API server
 //! handles and audits. So the live object is read first and the apply is skipped when
 //! every field the operator sets already has the value it would set. Fields the server
-//! or others added (defaults, status, annotations of other tools) do not count. Values
-//! the server rewrites (a quantity like `0.5` that reads back as `500m`) look like a
-//! difference and cost one idempotent apply per reconcile; nothing else does.
+//! or others added (defaults, status, annotations of other tools, `replicas` set by an
+//! autoscaler when the operator sets none) do not count, and quantities compare by value
+//! (`0.5` is the `500m` the API server returns), so a steady state makes no write.
+//!
+//! An object of the name the operator would use that is controlled by something else (a
+//! Deployment someone made by hand, another pipeline's) is never taken over: the
+//! reconcile stops with `Conflict` before it writes anything.
 
 use std::fmt::Debug;
 
@@ -15,23 +20,62 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::error::Error;
 use super::meta::FIELD_MANAGER;
+use super::quantity;
+use crate::spec::MailerPipeline;
 
 /// Whether every field of `desired` is in `live` with the same value. Objects may have
-/// more fields in `live`; lists must have the same length, element by element.
+/// more fields in `live`; lists must have the same length, element by element; under
+/// `resources`, quantities compare by value.
 pub fn is_subset(desired: &Value, live: &Value) -> bool {
+    subset(desired, live, false)
+}
+
+fn subset(desired: &Value, live: &Value, quantities: bool) -> bool {
     match (desired, live) {
         (Value::Object(want), Value::Object(have)) => {
             want.iter().all(|(key, value)| match have.get(key) {
-                Some(found) => is_subset(value, found),
+                Some(found) => subset(value, found, quantities || key == "resources"),
                 None => value.is_null(),
             })
         }
         (Value::Array(want), Value::Array(have)) => {
-            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| is_subset(w, h))
+            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| subset(w, h, quantities))
+        }
+        (Value::String(want), Value::String(have)) if quantities => {
+            quantity::same_value(want, have).unwrap_or(want == have)
         }
         (want, have) => want == have,
     }
+}
+
+/// Fails with `Conflict` when `live` exists and its controller is not `pipeline` (an
+/// object without a controller counts as someone else's: the operator always sets
+/// itself as the controller of what it makes).
+pub fn ensure_ours<K: Resource>(
+    kind: &str,
+    live: Option<&K>,
+    pipeline: &MailerPipeline,
+) -> Result<(), Error> {
+    let Some(live) = live else {
+        return Ok(());
+    };
+    let controller = live
+        .meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|owner| owner.controller == Some(true));
+    if controller.is_some_and(|owner| Some(&owner.uid) == pipeline.metadata.uid.as_ref()) {
+        return Ok(());
+    }
+    Err(Error::NotOurs {
+        kind: kind.to_string(),
+        namespace: live.namespace().unwrap_or_default(),
+        name: live.name_any(),
+        controller: controller.map(|owner| format!("{} {}", owner.kind, owner.name)),
+    })
 }
 
 /// Applies `desired` with the operator's field manager unless `live` already holds it;
@@ -84,5 +128,16 @@ mod tests {
         ));
         assert!(!is_subset(&json!({"spec": {"missing": 1}}), &live));
         assert!(is_subset(&json!({"spec": {"absent": null}}), &live));
+    }
+
+    #[test]
+    fn quantities_under_resources_compare_by_value_and_nothing_else_does() {
+        let desired =
+            json!({"resources": {"requests": {"cpu": "0.5", "memory": "1024Mi"}}, "env": "1"});
+        let live = json!({"resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}, "env": "1"});
+        assert!(is_subset(&desired, &live));
+        let more = json!({"resources": {"requests": {"cpu": "600m", "memory": "1Gi"}}, "env": "1"});
+        assert!(!is_subset(&desired, &more));
+        assert!(!is_subset(&json!({"env": "1"}), &json!({"env": "1000m"})));
     }
 }

@@ -7,6 +7,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use super::autoscaling::{Autoscaling, INSTALL_KEDA, KEDA_GROUP_VERSION};
 use super::context::truncate;
 use super::reasons;
 use crate::spec::{
@@ -37,8 +38,11 @@ pub struct Findings<'a> {
     pub topology: TopologyOutcome,
     /// The worker Deployment as it is now, if it exists.
     pub deployment: Option<&'a Deployment>,
-    /// `spec.worker.replicas`.
+    /// How many workers the Deployment asks for: `spec.worker.replicas`, or under
+    /// autoscaling what the autoscaler last set.
     pub desired_workers: i32,
+    /// Whether KEDA scales the workers, or would if it were installed.
+    pub autoscaling: Autoscaling,
     pub deployment_name: &'a str,
     /// `None` when the broker could not be asked.
     pub queues: Option<QueueDepths>,
@@ -81,6 +85,21 @@ pub fn desired_status(
                 .to_string()
         };
         (false, reasons::DEPLOYMENT_MISSING.to_string(), why)
+    } else if findings.autoscaling == Autoscaling::Unavailable {
+        (
+            false,
+            reasons::AUTOSCALING_UNAVAILABLE.to_string(),
+            format!(
+                "spec.worker.autoscaling is set but KEDA is not installed (the API server does not serve {KEDA_GROUP_VERSION}); {INSTALL_KEDA}. Until then the Deployment keeps the {desired} workers it has"
+            ),
+        )
+    } else if desired == 0 && findings.autoscaling == Autoscaling::On {
+        (
+            true,
+            reasons::SCALED_TO_ZERO.to_string(),
+            "KEDA scaled the workers to 0 (autoscaling.minReplicas is 0 and the send queue is empty); one starts when mail arrives"
+                .to_string(),
+        )
     } else if desired == 0 {
         (
             true,
@@ -184,6 +203,7 @@ mod tests {
             topology,
             deployment,
             desired_workers: 2,
+            autoscaling: Autoscaling::Off,
             deployment_name: "shop-worker",
             queues: Some(QueueDepths {
                 send: Some(4),
@@ -274,6 +294,40 @@ mod tests {
             third.condition(WORKER_READY).unwrap().last_transition_time,
             Time(at(30))
         );
+    }
+
+    #[test]
+    fn without_keda_autoscaling_says_what_to_install_and_scaled_to_zero_is_ready() {
+        let d = deployment(2);
+        let mut f = findings(Some(&d), TopologyOutcome::Ready);
+        f.autoscaling = Autoscaling::Unavailable;
+        let s = desired_status(None, &f, at(10));
+        let worker = s.condition(WORKER_READY).unwrap();
+        assert_eq!(
+            (worker.status.as_str(), worker.reason.as_str()),
+            ("False", "AutoscalingUnavailable")
+        );
+        assert!(
+            worker.message.contains("install KEDA"),
+            "{}",
+            worker.message
+        );
+        assert!(s.is_true(TOPOLOGY_READY));
+        assert_eq!(s.condition(READY).unwrap().reason, "AutoscalingUnavailable");
+
+        let idle = deployment(0);
+        let mut f = findings(Some(&idle), TopologyOutcome::Ready);
+        f.autoscaling = Autoscaling::On;
+        f.desired_workers = 0;
+        let s = desired_status(None, &f, at(10));
+        assert!(s.is_true(READY));
+        assert!(
+            s.condition(WORKER_READY)
+                .unwrap()
+                .message
+                .contains("KEDA scaled the workers to 0")
+        );
+        assert_eq!(s.workers.unwrap().desired, 0);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use super::connection::required_key;
 use super::error::Error;
 use super::references::SecretRole;
 use super::resolve::{Resolved, ResolvedBroker};
+use super::ssa::ensure_ours;
 use super::worker_user::{self, PASSWORD_KEY, USERNAME_KEY, WorkerCredentials};
 use crate::spec::{MailerPipeline, MailerPipelineSpec};
 
@@ -26,6 +27,7 @@ pub struct Validated<'a> {
 pub fn validate<'a>(
     pipeline: &'a MailerPipeline,
     resolved: &'a Resolved,
+    cluster: &str,
 ) -> Result<Validated<'a>, Error> {
     let spec = &pipeline.spec;
     spec.validate_for_operator()?;
@@ -35,6 +37,9 @@ pub fn validate<'a>(
     if pipeline.uid().is_none() {
         return Err(Error::IncompleteObject("metadata.uid"));
     }
+    // What the operator would make must be its own before anything is written.
+    ensure_ours("Deployment", resolved.deployment.as_ref(), pipeline)?;
+    ensure_ours("Secret", resolved.worker_secret.as_ref(), pipeline)?;
     let broker = resolved
         .broker
         .as_ref()
@@ -55,6 +60,7 @@ pub fn validate<'a>(
             }
         }
         None => worker_user::managed_credentials(
+            cluster,
             pipeline,
             resolved.worker_secret.as_ref(),
             worker_user::generate_password,

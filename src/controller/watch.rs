@@ -56,6 +56,7 @@ pub async fn run_controllers(
     for scope in scopes {
         let controller = controller_for(&client, scope).await;
         stores.push(controller.store());
+        ctx.register_store(controller.store());
         let shutdown = shutdown_signal(stop.clone(), abort.clone());
         let aborted = abort.clone();
         let stream = controller

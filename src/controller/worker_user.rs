@@ -53,11 +53,12 @@ pub fn secret_name(pipeline: &MailerPipeline) -> String {
     format!("{}-worker-amqp", pipeline.name_any())
 }
 
-/// The user the operator makes for a pipeline. Namespaces hold no dots, so names of
-/// different pipelines never collide.
-pub fn managed_username(pipeline: &MailerPipeline) -> String {
+/// The user the operator makes for a pipeline: `mailer-worker.<cluster>.<namespace>.<name>`.
+/// Cluster names (`--cluster-name`) and namespaces hold no dots, so names of different
+/// pipelines never collide, also when operators of several clusters share a broker.
+pub fn managed_username(cluster: &str, pipeline: &MailerPipeline) -> String {
     format!(
-        "mailer-worker.{}.{}",
+        "mailer-worker.{cluster}.{}.{}",
         pipeline.namespace().unwrap_or_default(),
         pipeline.name_any()
     )
@@ -65,11 +66,12 @@ pub fn managed_username(pipeline: &MailerPipeline) -> String {
 
 /// The operator's user, keeping the password `existing` holds for it.
 pub fn managed_credentials(
+    cluster: &str,
     pipeline: &MailerPipeline,
     existing: Option<&Secret>,
     generate: impl FnOnce() -> String,
 ) -> WorkerCredentials {
-    let username = managed_username(pipeline);
+    let username = managed_username(cluster, pipeline);
     let kept = existing
         .filter(|secret| secret_value(secret, USERNAME_KEY).as_deref() == Some(&username))
         .and_then(|secret| secret_value(secret, PASSWORD_KEY))
@@ -82,7 +84,9 @@ pub fn managed_credentials(
 }
 
 /// The user the operator made before, as its Secret says, when the workers now use
-/// another one (`spec.worker.userSecret` was set since): it is no longer needed.
+/// another one (`spec.worker.userSecret` was set since, or the operator's user has a
+/// new name: another `--cluster-name`, or the name before cluster names were part of
+/// it): it is no longer needed.
 pub fn replaced_managed_user(
     existing: Option<&Secret>,
     credentials: &WorkerCredentials,
@@ -95,7 +99,7 @@ pub fn replaced_managed_user(
         .and_then(|a| a.get(MANAGED_ANNOTATION))
         .is_some_and(|v| v == "true");
     let username = secret_value(secret, USERNAME_KEY)?;
-    (managed && !credentials.managed && username != credentials.username).then_some(username)
+    (managed && username != credentials.username).then_some(username)
 }
 
 /// The vhost of the workers' URL in `existing` (the Secret the pipeline owns): the vhost
@@ -195,12 +199,14 @@ mod tests {
     #[test]
     fn the_password_is_generated_once_and_then_kept() {
         let p = pipeline();
-        let first = managed_credentials(&p, None, || "generated".into());
-        assert_eq!(first.username, "mailer-worker.prod.shop");
+        let first = managed_credentials("default", &p, None, || "generated".into());
+        assert_eq!(first.username, "mailer-worker.default.prod.shop");
         assert_eq!(first.password, "generated");
         assert!(first.managed);
         let secret = desired_secret(&p, &first, "amqp://x").unwrap();
-        let again = managed_credentials(&p, Some(&secret), || panic!("must not regenerate"));
+        let again = managed_credentials("default", &p, Some(&secret), || {
+            panic!("must not regenerate")
+        });
         assert_eq!(again, first);
     }
 
@@ -213,14 +219,14 @@ mod tests {
             managed: false,
         };
         let secret = desired_secret(&p, &other, "amqp://x").unwrap();
-        let creds = managed_credentials(&p, Some(&secret), || "fresh".into());
+        let creds = managed_credentials("default", &p, Some(&secret), || "fresh".into());
         assert_eq!(creds.password, "fresh");
     }
 
     #[test]
     fn the_secret_holds_the_url_and_is_owned_by_the_pipeline() {
         let p = pipeline();
-        let creds = managed_credentials(&p, None, || "pw".into());
+        let creds = managed_credentials("default", &p, None, || "pw".into());
         let broker = Broker {
             endpoint: ManagementEndpoint::with_credentials("http://rmq:15672", "admin", "a")
                 .unwrap(),
@@ -229,7 +235,7 @@ mod tests {
         let url = amqp_url(&broker, &creds, "shop/eu").unwrap();
         assert_eq!(
             url,
-            "amqp://mailer%2Dworker%2Eprod%2Eshop:pw@rmq:5672/shop%2Feu"
+            "amqp://mailer%2Dworker%2Edefault%2Eprod%2Eshop:pw@rmq:5672/shop%2Feu"
         );
         let secret = desired_secret(&p, &creds, &url).unwrap();
         assert_eq!(secret.metadata.name.as_deref(), Some("shop-worker-amqp"));
@@ -252,7 +258,7 @@ mod tests {
     #[test]
     fn a_managed_user_replaced_by_the_users_own_is_found() {
         let p = pipeline();
-        let managed = managed_credentials(&p, None, || "pw".into());
+        let managed = managed_credentials("default", &p, None, || "pw".into());
         let secret = desired_secret(&p, &managed, "amqp://x").unwrap();
         let own = WorkerCredentials {
             username: "shop-mailer".into(),
@@ -261,9 +267,16 @@ mod tests {
         };
         assert_eq!(
             replaced_managed_user(Some(&secret), &own).as_deref(),
-            Some("mailer-worker.prod.shop")
+            Some("mailer-worker.default.prod.shop")
         );
         assert_eq!(replaced_managed_user(Some(&secret), &managed), None);
+        // The user of an earlier name (another cluster name, or the name before
+        // cluster names) is replaced by the one of the current name.
+        let renamed = managed_credentials("eu", &p, Some(&secret), || "pw2".into());
+        assert_eq!(
+            replaced_managed_user(Some(&secret), &renamed).as_deref(),
+            Some("mailer-worker.default.prod.shop")
+        );
         let own_secret = desired_secret(&p, &own, "amqp://x").unwrap();
         assert_eq!(replaced_managed_user(Some(&own_secret), &own), None);
         assert_eq!(replaced_managed_user(None, &own), None);

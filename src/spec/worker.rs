@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     Affinity, LocalObjectReference, ResourceRequirements, Toleration,
 };
+use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -18,7 +19,7 @@ use crate::mail;
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkerSpec {
-    /// How many worker pods run.
+    /// How many worker pods run. Ignored while `autoscaling` is set: KEDA decides then.
     #[serde(default = "default_replicas")]
     #[schemars(range(min = 0))]
     pub replicas: i32,
@@ -79,6 +80,35 @@ pub struct WorkerSpec {
     /// Secret it owns; setting this later removes that user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_secret: Option<SecretReference>,
+    /// Scale the workers by the depth of the send queue, with KEDA (which must be
+    /// installed: https://keda.sh). The operator makes a ScaledObject and a
+    /// TriggerAuthentication named after the worker Deployment, and leaves the
+    /// Deployment's replicas to KEDA's HorizontalPodAutoscaler. Without it, `replicas`
+    /// workers run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalingSpec>,
+}
+
+/// Scaling of the workers by the mail waiting in the send queue.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, KubeSchema)]
+#[x_kube(validation = kube::core::Rule::new("self.minReplicas <= self.maxReplicas")
+    .message("minReplicas must not be above maxReplicas")
+    .reason(kube::core::Reason::FieldValueInvalid))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AutoscalingSpec {
+    /// The fewest workers. 0 stops every worker while the send queue is empty; the first
+    /// mail then waits until KEDA looks again (every 30s by default) and starts one.
+    #[serde(default = "default_min_replicas")]
+    #[schemars(range(min = 0))]
+    pub min_replicas: i32,
+    /// The most workers.
+    #[schemars(range(min = 1))]
+    pub max_replicas: i32,
+    /// Mail requests waiting in the send queue per worker: KEDA runs enough workers that
+    /// each has at most this many waiting (between minReplicas and maxReplicas).
+    #[serde(default = "default_messages_per_worker")]
+    #[schemars(range(min = 1))]
+    pub messages_per_worker: u32,
 }
 
 impl Default for WorkerSpec {
@@ -99,6 +129,7 @@ impl Default for WorkerSpec {
             service_account_name: None,
             termination_grace_period_seconds: default_termination_grace_period_seconds(),
             user_secret: None,
+            autoscaling: None,
         }
     }
 }
@@ -147,6 +178,13 @@ pub struct SecretKeySelector {
 
 fn default_replicas() -> i32 {
     1
+}
+fn default_min_replicas() -> i32 {
+    1
+}
+/// About what one worker sends in a few seconds with the default prefetch.
+fn default_messages_per_worker() -> u32 {
+    100
 }
 fn default_max_attempts() -> u32 {
     mail::DEFAULT_MAX_ATTEMPTS

@@ -7,6 +7,7 @@ pub mod desired;
 pub mod diff;
 pub mod live;
 pub mod management;
+pub mod ownership;
 pub mod reconcile;
 pub mod users;
 

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 
+use mailer::controller::rbac::{self, Scope};
 use serde_json::{Value, json};
 
 use crate::render::{
@@ -34,59 +35,11 @@ fn grants(rules: &Value) -> BTreeSet<(String, String, String, bool)> {
     all
 }
 
-/// What the controller does in a namespace whose pipelines it reconciles (see
-/// src/controller: the pipeline controller's watches, finalizer, status patch,
-/// server-side applies of the worker's Deployment and Secret, the broker lookup, and
-/// the event recorder).
-const PIPELINE_PERMISSIONS: &[(&str, &str, &[&str])] = &[
-    (
-        "mailer.dev",
-        "mailerpipelines",
-        &["get", "list", "watch", "patch", "update"],
-    ),
-    (
-        "mailer.dev",
-        "mailerpipelines/status",
-        &["get", "patch", "update"],
-    ),
-    ("mailer.dev", "mailerpipelines/finalizers", &["update"]),
-    (
-        "apps",
-        "deployments",
-        &[
-            "get", "list", "watch", "create", "patch", "update", "delete",
-        ],
-    ),
-    (
-        "",
-        "secrets",
-        &[
-            "get", "list", "watch", "create", "patch", "update", "delete",
-        ],
-    ),
-    ("", "services", &["get"]),
-    (
-        "rabbitmq.com",
-        "rabbitmqclusters",
-        &["get", "list", "watch"],
-    ),
-    ("events.k8s.io", "events", &["create", "patch"]),
-    ("", "events", &["create", "patch"]),
-];
-
+/// What the controller calls in a namespace whose pipelines it reconciles: the code's
+/// own list (src/controller/rbac.rs).
 fn expected_pipeline_grants() -> BTreeSet<(String, String, String, bool)> {
-    PIPELINE_PERMISSIONS
-        .iter()
-        .flat_map(|(group, resource, verbs)| {
-            verbs.iter().map(move |verb| {
-                (
-                    group.to_string(),
-                    resource.to_string(),
-                    verb.to_string(),
-                    false,
-                )
-            })
-        })
+    rbac::grants(|scope| scope == Scope::Watched)
+        .into_iter()
         .collect()
 }
 
@@ -104,22 +57,9 @@ fn assert_lease_role(objects: &[Value], lease: &str) {
     let name = format!("{FULLNAME}-leader-election");
     let role = named(objects, "Role", NAMESPACE, &name);
     let granted = grants(&role["rules"]);
-    let lease_grants: BTreeSet<_> = [
-        ("create", false),
-        ("get", true),
-        ("update", true),
-        ("patch", true),
-    ]
-    .into_iter()
-    .map(|(verb, named)| {
-        (
-            "coordination.k8s.io".into(),
-            "leases".into(),
-            verb.into(),
-            named,
-        )
-    })
-    .collect();
+    let lease_grants: BTreeSet<_> = rbac::grants(|scope| matches!(scope, Scope::Lease { .. }))
+        .into_iter()
+        .collect();
     assert_eq!(granted, lease_grants, "the Lease, and no more");
     for rule in role["rules"].as_array().expect("rules") {
         if let Some(names) = rule.get("resourceNames") {
@@ -136,13 +76,11 @@ fn watching_all_namespaces_grants_exactly_what_the_controller_calls() {
     let cluster_role = one(&objects, "ClusterRole");
     assert_eq!(cluster_role["metadata"]["name"], FULLNAME);
     let rules = &cluster_role["rules"];
-    for (group, resource, verbs) in PIPELINE_PERMISSIONS {
-        for verb in *verbs {
-            assert!(
-                allows(rules, group, resource, verb),
-                "{verb} {group}/{resource}"
-            );
-        }
+    for (group, resource, verb, _) in expected_pipeline_grants() {
+        assert!(
+            allows(rules, &group, &resource, &verb),
+            "{verb} {group}/{resource}"
+        );
     }
     assert_eq!(
         grants(rules),
@@ -182,16 +120,9 @@ fn watched_namespaces_get_roles_and_nothing_cluster_wide() {
     // A namespace holding only RabbitmqClusters is read, and nothing else.
     let rabbitmq_role = format!("{FULLNAME}-rabbitmq");
     let role = named(&objects, "Role", "rabbitmq", &rabbitmq_role);
-    let read_only: BTreeSet<_> = [
-        ("rabbitmq.com", "rabbitmqclusters", "get"),
-        ("rabbitmq.com", "rabbitmqclusters", "list"),
-        ("rabbitmq.com", "rabbitmqclusters", "watch"),
-        ("", "services", "get"),
-        ("", "secrets", "get"),
-    ]
-    .into_iter()
-    .map(|(g, r, v)| (g.into(), r.into(), v.into(), false))
-    .collect();
+    let read_only: BTreeSet<_> = rbac::grants(|scope| scope == Scope::RabbitmqClusters)
+        .into_iter()
+        .collect();
     assert_eq!(grants(&role["rules"]), read_only);
     assert_binds_service_account(
         named(&objects, "RoleBinding", "rabbitmq", &rabbitmq_role),

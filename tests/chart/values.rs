@@ -27,6 +27,7 @@ fn the_values_schema_rejects_typos_and_wrong_types() {
         ("watchNamespaces: [Shop_1]\n", "/watchNamespaces/0"),
         ("watchNamespaces: [shop, shop]\n", "/watchNamespaces"),
         ("resyncInterval: five minutes\n", "/resyncInterval"),
+        ("clusterName: Eu.West\n", "/clusterName"),
         (
             "leaderElection:\n  enable: false\n",
             "additional properties 'enable' not allowed",

@@ -27,7 +27,8 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
-/// Removes RabbitMQ users when dropped, even when the test failed.
+/// Removes RabbitMQ users (and the operator's owner markers of them) when dropped, even
+/// when the test failed.
 pub struct UserCleanup(pub Vec<String>);
 
 impl Drop for UserCleanup {
@@ -42,6 +43,8 @@ impl Drop for UserCleanup {
             runtime.block_on(async {
                 for user in users {
                     let _ = raw_api().delete_user(&user, true).await;
+                    let marker = mailer::topology::ownership::user_marker(&user);
+                    let _ = raw_api().clear_global_runtime_parameter(&marker).await;
                 }
             });
         })

@@ -18,7 +18,7 @@ async fn deletion_during_a_broker_outage_waits_for_the_broker() {
     let h = harness();
     let name = unique("shop");
     let vhost = TestVhost::fresh("controller-outage");
-    let user = format!("mailer-worker.{NS}.{name}");
+    let user = worker_user(&name);
     let _users = UserCleanup(vec![user.clone()]);
     connection_secret(&h, &secret_uri());
     let spec = json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}},
@@ -70,7 +70,7 @@ async fn a_new_password_reaches_rabbitmq_only_once_saved_in_its_secret() {
     let h = harness();
     let name = unique("shop");
     let vhost = TestVhost::fresh("controller-password");
-    let user = format!("mailer-worker.{NS}.{name}");
+    let user = worker_user(&name);
     let _users = UserCleanup(vec![user.clone()]);
     connection_secret(&h, &secret_uri());
     let spec = json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}}});
@@ -119,7 +119,7 @@ async fn the_operators_own_grant_is_rechecked_every_pass() {
     let h = harness();
     let name = unique("shop");
     let vhost = TestVhost::fresh("controller-grant");
-    let _users = UserCleanup(vec![format!("mailer-worker.{NS}.{name}")]);
+    let _users = UserCleanup(vec![worker_user(&name)]);
     connection_secret(&h, &secret_uri());
     let spec = json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}}});
     h.seed_pipeline(&name, spec, true);
@@ -155,7 +155,7 @@ async fn a_vhost_change_removes_the_old_vhosts_topology_and_permissions() {
         TestVhost::fresh("controller-vhost-old"),
         TestVhost::fresh("controller-vhost-new"),
     );
-    let user = format!("mailer-worker.{NS}.{name}");
+    let user = worker_user(&name);
     let _users = UserCleanup(vec![user.clone()]);
     connection_secret(&h, &secret_uri());
     let spec = json!({"rabbitmq": {"vhost": old.name, "connectionSecret": {"name": "conn"}},

@@ -150,7 +150,8 @@ async fn a_cluster_ref_finds_the_management_api_through_the_clusters_service() {
     let h = harness();
     h.fake.put(
         "/apis/rabbitmq.com/v1beta1/namespaces/data/rabbitmqclusters/rmq",
-        json!({"apiVersion": "rabbitmq.com/v1beta1", "kind": "RabbitmqCluster", "metadata": {"name": "rmq", "namespace": "data"}}),
+        json!({"apiVersion": "rabbitmq.com/v1beta1", "kind": "RabbitmqCluster", "metadata": {"name": "rmq", "namespace": "data",
+               "annotations": {"rabbitmq.com/topology-allowed-namespaces": "prod"}}}),
     );
     h.fake.put(
         "/api/v1/namespaces/data/services/rmq",

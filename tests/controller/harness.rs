@@ -36,8 +36,13 @@ pub struct Harness {
     registry: Registry,
 }
 
+/// The user the operator makes for pipeline `name` of namespace `NS` in cluster `default`.
+pub fn worker_user(name: &str) -> String {
+    format!("mailer-worker.default.{NS}.{name}")
+}
+
 pub fn harness() -> Harness {
-    harness_with(CLEANUP_DEADLINE)
+    harness_of("default", CLEANUP_DEADLINE)
 }
 
 /// The cleanup deadline of [`harness`]: the operator's default.
@@ -46,12 +51,23 @@ pub const CLEANUP_DEADLINE: Duration = Duration::from_secs(600);
 /// A harness whose operator retries a failed cleanup for `cleanup_deadline` after the
 /// deletion (zero: never).
 pub fn harness_with(cleanup_deadline: Duration) -> Harness {
+    harness_of("default", cleanup_deadline)
+}
+
+/// A harness whose operator runs with `--cluster-name cluster`, with an API server of
+/// its own (another cluster's), sharing the broker.
+pub fn harness_of_cluster(cluster: &str) -> Harness {
+    harness_of(cluster, CLEANUP_DEADLINE)
+}
+
+fn harness_of(cluster: &str, cleanup_deadline: Duration) -> Harness {
     let fake = FakeApi::default();
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let settings = Settings {
         worker_image: "reg/mailer:test".into(),
         resync_interval: RESYNC,
+        cluster_name: cluster.into(),
         // Every reconcile reads them, so a test sees a new depth at once.
         queue_depth_interval: Duration::ZERO,
         cleanup_deadline,
@@ -105,11 +121,24 @@ impl Harness {
     pub async fn reconcile(&self, name: &str) -> (Result<Action, Error>, Vec<Recorded>) {
         self.fake.take_requests();
         let result = reconcile(Arc::new(self.pipeline(name)), self.ctx.clone()).await;
-        (result, self.fake.take_requests())
+        let requests = self.fake.take_requests();
+        assert_listed_in_rbac(&requests);
+        (result, requests)
     }
 
     /// Deletes the pipeline as `kubectl delete` would: its finalizer holds it, marked
     /// with a `deletionTimestamp`.
+    /// Puts the named pipelines in a cache the controller reads, as its watch would.
+    pub fn cache_pipelines(&self, names: &[&str]) {
+        let (store, mut writer) = kube::runtime::reflector::store();
+        for name in names {
+            let pipeline = self.pipeline(name);
+            let guard = kube::core::DeserializeGuard(Ok(pipeline));
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(guard));
+        }
+        self.ctx.register_store(store);
+    }
+
     pub fn mark_deleted(&self, name: &str) {
         let deleted = self
             .fake
@@ -131,6 +160,46 @@ impl Harness {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).unwrap();
         out
+    }
+}
+
+/// Every request is one the code's list of API calls (src/controller/rbac.rs, which the
+/// chart's RBAC is held to) has: a call missing there would be forbidden in a cluster.
+/// Discovery (`GET /apis/<group>/<version>`) needs no rule.
+pub fn assert_listed_in_rbac(requests: &[Recorded]) {
+    use mailer::controller::rbac::CALLS;
+    for request in requests {
+        let segments: Vec<&str> = request.path.trim_matches('/').split('/').collect();
+        let (group, rest) = match segments.as_slice() {
+            ["api", _version, rest @ ..] => ("", rest),
+            ["apis", group, _version, rest @ ..] => (*group, rest),
+            _ => panic!("unexpected path {}", request.path),
+        };
+        let (resource, named) = match rest {
+            [] => continue,
+            ["namespaces", _, resource] => (resource.to_string(), false),
+            ["namespaces", _, resource, _name] => (resource.to_string(), true),
+            ["namespaces", _, resource, _name, sub] => (format!("{resource}/{sub}"), true),
+            other => panic!("unexpected path {}: {other:?}", request.path),
+        };
+        let verb = match (request.method.as_str(), named) {
+            ("GET", true) => "get",
+            ("GET", false) if request.is_watch() => "watch",
+            ("GET", false) => "list",
+            ("POST", _) => "create",
+            ("PUT", _) => "update",
+            ("PATCH", _) => "patch",
+            ("DELETE", _) => "delete",
+            (method, _) => panic!("unexpected method {method}"),
+        };
+        assert!(
+            CALLS
+                .iter()
+                .any(|c| c.group == group && c.resource == resource && c.verbs.contains(&verb)),
+            "{verb} {group}/{resource} ({} {}) is not in src/controller/rbac.rs",
+            request.method,
+            request.path
+        );
     }
 }
 

@@ -12,7 +12,7 @@ async fn a_missing_provider_secret_fails_the_reconcile_before_any_write() {
     let h = harness();
     let name = unique("shop");
     let vhost = TestVhost::fresh("controller-unresolved");
-    let user = format!("mailer-worker.{NS}.{name}");
+    let user = worker_user(&name);
     let _users = UserCleanup(vec![user.clone()]);
     connection_secret(&h, &secret_uri());
     let spec = json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}},

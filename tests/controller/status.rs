@@ -24,7 +24,7 @@ async fn a_spec_change_after_a_failed_attempt_is_an_update_not_drift() {
     let h = harness();
     let name = unique("shop");
     let vhost = TestVhost::fresh("controller-applied-generation");
-    let _users = UserCleanup(vec![format!("mailer-worker.{NS}.{name}")]);
+    let _users = UserCleanup(vec![worker_user(&name)]);
     connection_secret(&h, &secret_uri());
     h.seed_pipeline(
         &name,
@@ -72,7 +72,7 @@ async fn dead_letters_grew_is_told_at_most_once_per_resync_interval() {
     let h = harness();
     let name = unique("shop");
     let vhost = TestVhost::fresh("controller-dead-letters");
-    let _users = UserCleanup(vec![format!("mailer-worker.{NS}.{name}")]);
+    let _users = UserCleanup(vec![worker_user(&name)]);
     connection_secret(&h, &secret_uri());
     h.seed_pipeline(
         &name,

@@ -168,7 +168,22 @@ impl TestVhost {
                 .enable_all()
                 .build()
                 .expect("runtime");
-            runtime.block_on(async { raw_api().delete_vhost(&name, true).await.is_ok() })
+            runtime.block_on(async {
+                let api = raw_api();
+                // The operator's owner markers of the vhost's topology are global
+                // parameters (see mailer::topology::ownership): they go with it.
+                let marker = format!("mailer-owner|topology|{name}|");
+                for parameter in api
+                    .list_global_runtime_parameters()
+                    .await
+                    .unwrap_or_default()
+                {
+                    if parameter.name.starts_with(&marker) {
+                        let _ = api.clear_global_runtime_parameter(&parameter.name).await;
+                    }
+                }
+                api.delete_vhost(&name, true).await.is_ok()
+            })
         })
         .join();
     }

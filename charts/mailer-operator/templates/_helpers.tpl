@@ -89,37 +89,44 @@ What the controller does in a namespace it reconciles pipelines in: the rules of
 ClusterRole (all namespaces) or of each watched namespace's Role.
 */}}
 {{- define "mailer-operator.pipelineRules" -}}
-# Pipelines: watched, finalizer added and removed (patch), status written.
+# Exactly what the controller calls (src/controller/rbac.rs; tests/chart/rbac.rs holds
+# these rules to that list both ways).
+# Pipelines: watched, read, finalizer added and removed (patch), status written.
 - apiGroups: ["mailer.dev"]
   resources: ["mailerpipelines"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["mailer.dev"]
   resources: ["mailerpipelines/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
+# Owner references that block their owner's deletion need this.
 - apiGroups: ["mailer.dev"]
   resources: ["mailerpipelines/finalizers"]
   verbs: ["update"]
-# Each pipeline's worker Deployment, applied server-side and owned by the pipeline.
+# Each pipeline's worker Deployment, applied server-side and owned by the pipeline; it
+# goes with the pipeline (garbage collection), never deleted by the operator.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-# The workers' RabbitMQ user Secret it writes; the connection, provider and
-# default-user Secrets it reads and watches.
+  verbs: ["get", "list", "watch", "create", "patch"]
+# The workers' RabbitMQ user Secret it applies; the connection, provider and
+# default-user Secrets it reads and watches. Never deleted by the operator.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-# A RabbitmqCluster's Service, for its management port.
-- apiGroups: [""]
-  resources: ["services"]
-  verbs: ["get"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# A RabbitmqCluster (watched as metadata when its CRD is installed), and its Service
+# for its management port.
 - apiGroups: ["rabbitmq.com"]
   resources: ["rabbitmqclusters"]
   verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get"]
+# KEDA's ScaledObject and TriggerAuthentication of a pipeline with
+# spec.worker.autoscaling: applied server-side, removed when autoscaling is turned off.
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects", "triggerauthentications"]
+  verbs: ["get", "create", "patch", "delete"]
 # Events on pipelines.
 - apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end -}}
@@ -131,7 +138,7 @@ pipelines refer to: the cluster, its Service and its default user's Secret.
 {{- define "mailer-operator.rabbitmqClusterRules" -}}
 - apiGroups: ["rabbitmq.com"]
   resources: ["rabbitmqclusters"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["get"]
 - apiGroups: [""]
   resources: ["services", "secrets"]
   verbs: ["get"]

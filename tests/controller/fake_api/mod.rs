@@ -20,6 +20,7 @@
 
 pub mod address;
 pub mod faults;
+pub mod managers;
 pub mod patch;
 pub mod selector;
 pub mod store;
@@ -41,6 +42,7 @@ pub use patch::merge;
 pub use store::{ApiError, EventType, PatchKind, Store};
 
 use address::Query;
+use managers::Managers;
 use selector::Selector;
 
 /// One request the controller made.
@@ -75,6 +77,8 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
+    /// Who owns which fields, for server-side apply (`managers.rs`).
+    managers: Mutex<Managers>,
     /// The newest resourceVersion, for watches to wait on.
     changed: tokio::sync::watch::Sender<u64>,
     faults: faults::Faults,
@@ -94,6 +98,7 @@ impl Default for FakeApi {
                     store: Store::default(),
                     requests: Vec::new(),
                 }),
+                managers: Mutex::new(Managers::default()),
                 changed: tokio::sync::watch::channel(0).0,
                 faults: faults::Faults::default(),
             }),
@@ -249,7 +254,6 @@ impl FakeApi {
             ));
         }
         let body = request.body.clone();
-        let one = |result: Result<Value, ApiError>| result.map(|o| Answer::Object(200, o));
         match (request.method.as_str(), &address.name) {
             ("GET", None) => {
                 let selector = Selector::parse(query.get("labelSelector").unwrap_or_default())
@@ -320,15 +324,71 @@ impl FakeApi {
             ("POST", None) => self
                 .with_store(|s| s.create(&address, body))
                 .map(|o| Answer::Object(201, o)),
-            ("PUT", Some(_)) => one(self.with_store(|s| s.replace(&address, body))),
+            ("PUT", Some(_)) => {
+                let previous = self.get(&address.key());
+                let written = self.with_store(|s| s.replace(&address, body))?;
+                self.owned_by_writer(&address, &query, previous.as_ref(), &written);
+                Ok(Answer::Object(200, written))
+            }
             ("PATCH", Some(_)) => {
                 let kind = patch_kind(&request.content_type).ok_or_else(|| {
                     ApiError::new(415, "UnsupportedMediaType", request.content_type.clone())
                 })?;
-                one(self.with_store(|s| s.patch(&address, kind, body)))
+                let previous = self.get(&address.key());
+                let body = match (kind, query.get("fieldManager")) {
+                    (PatchKind::Apply, Some(manager)) if address.subresource.is_none() => {
+                        let force = query.get("force") == Some("true");
+                        self.managers().apply(
+                            &address.key(),
+                            manager,
+                            force,
+                            previous.as_ref(),
+                            &body,
+                        )?
+                    }
+                    _ => body,
+                };
+                let written = self.with_store(|s| s.patch(&address, kind, body))?;
+                if kind != PatchKind::Apply {
+                    self.owned_by_writer(&address, &query, previous.as_ref(), &written);
+                }
+                Ok(Answer::Object(200, written))
             }
-            ("DELETE", Some(_)) => one(self.with_store(|s| s.delete(&address))),
+            ("DELETE", Some(_)) => {
+                let deleted = self.with_store(|s| s.delete(&address))?;
+                if self.get(&address.key()).is_none() {
+                    self.managers().forget(&address.key());
+                }
+                Ok(Answer::Object(200, deleted))
+            }
             (method, _) => Err(ApiError::new(405, "MethodNotAllowed", method.to_string())),
+        }
+    }
+
+    fn managers(&self) -> std::sync::MutexGuard<'_, Managers> {
+        self.shared
+            .managers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Who owns which field of the object at `path`, e.g. `["spec", "replicas"]`.
+    pub fn field_owners(&self, path: &str, field: &[&str]) -> Vec<String> {
+        self.managers().owners_of(path, field)
+    }
+
+    /// A write other than an apply, by the `fieldManager` it names: that manager owns
+    /// what it changed.
+    fn owned_by_writer(
+        &self,
+        address: &Address,
+        query: &Query,
+        previous: Option<&Value>,
+        written: &Value,
+    ) {
+        if let (None, Some(manager)) = (&address.subresource, query.get("fieldManager")) {
+            self.managers()
+                .updated(&address.key(), manager, previous, written);
         }
     }
 

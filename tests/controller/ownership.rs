@@ -1,0 +1,206 @@
+//! Ownership of broker objects: two pipelines that would share a send queue (in one
+//! namespace, in two namespaces, in two clusters sharing a broker) never both write to
+//! it; the one refused says who owns it, and deleting it removes nothing of the owner's.
+
+use std::sync::Arc;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use mailer::controller::reconcile;
+use serde_json::{Value, json};
+
+use super::broker::{UserCleanup, secret_uri, unique};
+use super::harness::*;
+use super::support::broker::{TestVhost, raw_api};
+
+fn spec(vhost: &str) -> Value {
+    json!({"rabbitmq": {"vhost": vhost, "connectionSecret": {"name": "conn"}},
+           "topology": {"deletionPolicy": "Delete"}})
+}
+
+fn marker(vhost: &str) -> String {
+    mailer::topology::ownership::topology_marker(vhost, "mail.send")
+}
+
+async fn owner_in_broker(vhost: &str) -> Value {
+    raw_api()
+        .get_global_runtime_parameter(&marker(vhost))
+        .await
+        .expect("the topology is marked")
+        .value
+        .into()
+}
+
+fn assert_refused(
+    result: &Result<kube::runtime::controller::Action, mailer::controller::Error>,
+    says: &[&str],
+) {
+    let error = result.as_ref().expect_err("refused");
+    assert_eq!(error.reason(), "Conflict");
+    let message = error.to_string();
+    for part in says {
+        assert!(message.contains(part), "{part:?} not in {message}");
+    }
+}
+
+#[tokio::test]
+async fn of_two_pipelines_on_one_queue_in_a_namespace_the_newer_is_refused_before_writing() {
+    let h = harness();
+    let test_vhost = TestVhost::fresh("controller-collide");
+    let (older, newer) = (unique("a"), unique("b"));
+    let _users = UserCleanup(vec![worker_user(&older), worker_user(&newer)]);
+    connection_secret(&h, &secret_uri());
+    h.seed_pipeline(&older, spec(&test_vhost.name), true);
+    h.seed_pipeline(&newer, spec(&test_vhost.name), true);
+    h.cache_pipelines(&[&older, &newer]);
+
+    // The newer one goes first, and is refused before it writes anything.
+    let (result, requests) = h.reconcile(&newer).await;
+    assert_refused(&result, &[&format!("{NS}/{older} is older"), "mail.send"]);
+    assert!(
+        writes(&requests)
+            .iter()
+            .all(|w| w.ends_with("/status") || w.contains("/events")),
+        "{:?}",
+        writes(&requests)
+    );
+    assert!(raw_api().get_user(&worker_user(&newer)).await.is_err());
+    assert!(
+        raw_api()
+            .get_queue_info(&test_vhost.name, "mail.send")
+            .await
+            .is_err()
+    );
+
+    // The older one builds, and marks the topology as its own.
+    h.reconcile(&older).await.0.unwrap();
+    let owner = owner_in_broker(&test_vhost.name).await;
+    assert_eq!(owner["name"], older.as_str());
+    assert_eq!(owner["namespace"], NS);
+    assert_eq!(owner["cluster"], "default");
+    assert_eq!(owner["uid"], format!("uid-{older}").as_str());
+    let (result, _) = h.reconcile(&newer).await;
+    assert_refused(&result, &[&older]);
+
+    // Deleting the newer one removes nothing of the older one's.
+    h.mark_deleted(&newer);
+    let (result, requests) = h.reconcile(&newer).await;
+    result.unwrap();
+    let published = events(&requests);
+    assert!(
+        published[0].2.contains("kept the topology"),
+        "{published:?}"
+    );
+    raw_api()
+        .get_queue_info(&test_vhost.name, "mail.send")
+        .await
+        .expect("the older pipeline's queue stays");
+    assert_eq!(
+        owner_in_broker(&test_vhost.name).await["name"],
+        older.as_str()
+    );
+}
+
+#[tokio::test]
+async fn a_pipeline_of_another_namespace_on_the_same_queue_is_refused_naming_the_owner() {
+    let h = harness();
+    let test_vhost = TestVhost::fresh("controller-collide-ns");
+    let name = unique("shop");
+    let other_user = format!("mailer-worker.default.staging.{name}");
+    let _users = UserCleanup(vec![worker_user(&name), other_user.clone()]);
+    connection_secret(&h, &secret_uri());
+    h.seed_pipeline(&name, spec(&test_vhost.name), true);
+    h.reconcile(&name).await.0.unwrap();
+
+    // staging/<name>, with a connection Secret of its own to the same broker.
+    h.fake.put(
+        "/api/v1/namespaces/staging/secrets/conn",
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "conn", "namespace": "staging"},
+               "data": {"uri": BASE64.encode(secret_uri()), "username": BASE64.encode("guest"),
+                        "password": BASE64.encode("guest")}}),
+    );
+    let staging = format!("/apis/mailer.dev/v1alpha1/namespaces/staging/mailerpipelines/{name}");
+    h.fake.put(
+        &staging,
+        json!({"apiVersion": "mailer.dev/v1alpha1", "kind": "MailerPipeline",
+               "metadata": {"name": name, "namespace": "staging", "uid": "uid-staging", "finalizers": [FINALIZER]},
+               "spec": spec(&test_vhost.name)}),
+    );
+    let pipeline = serde_json::from_value(h.fake.get(&staging).unwrap()).unwrap();
+    let result = reconcile(Arc::new(pipeline), h.ctx.clone()).await;
+    assert_refused(
+        &result,
+        &[&format!(
+            "belongs to MailerPipeline {NS}/{name} of cluster \"default\""
+        )],
+    );
+    assert!(
+        raw_api().get_user(&other_user).await.is_err(),
+        "no user was made for the refused pipeline"
+    );
+    assert_eq!(owner_in_broker(&test_vhost.name).await["namespace"], NS);
+}
+
+#[tokio::test]
+async fn clusters_sharing_a_broker_keep_their_own_users_and_the_second_is_refused() {
+    let (east, west) = (harness_of_cluster("east"), harness_of_cluster("west"));
+    let test_vhost = TestVhost::fresh("controller-collide-clusters");
+    let name = unique("shop");
+    let (east_user, west_user) = (
+        format!("mailer-worker.east.{NS}.{name}"),
+        format!("mailer-worker.west.{NS}.{name}"),
+    );
+    let _users = UserCleanup(vec![east_user.clone(), west_user.clone()]);
+    for h in [&east, &west] {
+        connection_secret(h, &secret_uri());
+    }
+    east.seed_pipeline(&name, spec(&test_vhost.name), true);
+    // The same namespace and name in the other cluster: another pipeline (another UID).
+    west.fake.put(
+        &pipeline_path(&name),
+        json!({"apiVersion": "mailer.dev/v1alpha1", "kind": "MailerPipeline",
+               "metadata": {"name": name, "namespace": NS, "uid": "uid-west", "finalizers": [FINALIZER]},
+               "spec": spec(&test_vhost.name)}),
+    );
+
+    east.reconcile(&name).await.0.unwrap();
+    let password = east.secret_value(&format!("{name}-worker-amqp"), "password");
+    assert_eq!(owner_in_broker(&test_vhost.name).await["cluster"], "east");
+
+    let (result, _) = west.reconcile(&name).await;
+    assert_refused(&result, &["cluster \"east\""]);
+    assert!(raw_api().get_user(&west_user).await.is_err());
+    // East's workers keep their password: nothing of theirs was touched.
+    assert_eq!(
+        east.secret_value(&format!("{name}-worker-amqp"), "password"),
+        password
+    );
+    raw_api().get_user(&east_user).await.expect("east's user");
+
+    // West's pipeline goes: east's topology and user stay.
+    west.mark_deleted(&name);
+    let (result, requests) = west.reconcile(&name).await;
+    result.unwrap();
+    let published = events(&requests);
+    assert!(published[0].2.contains("cluster \"east\""), "{published:?}");
+    raw_api()
+        .get_queue_info(&test_vhost.name, "mail.send")
+        .await
+        .expect("east's queue stays");
+    raw_api()
+        .get_user(&east_user)
+        .await
+        .expect("east's user stays");
+
+    // East's goes: its topology, user and markers go too.
+    east.mark_deleted(&name);
+    east.reconcile(&name).await.0.unwrap();
+    assert!(raw_api().get_user(&east_user).await.is_err());
+    assert!(
+        raw_api()
+            .get_global_runtime_parameter(&marker(&test_vhost.name))
+            .await
+            .is_err(),
+        "the marker is released"
+    );
+}
