@@ -204,3 +204,47 @@ async fn clusters_sharing_a_broker_keep_their_own_users_and_the_second_is_refuse
         "the marker is released"
     );
 }
+
+#[tokio::test]
+async fn a_vhost_change_leaves_the_old_topology_when_another_pipeline_owns_it() {
+    let h = harness();
+    let name = unique("move");
+    let (old, new) = (
+        TestVhost::fresh("controller-move-old"),
+        TestVhost::fresh("controller-move-new"),
+    );
+    let _users = UserCleanup(vec![worker_user(&name)]);
+    connection_secret(&h, &secret_uri());
+    h.seed_pipeline(&name, spec(&old.name), true);
+    h.reconcile(&name).await.0.unwrap();
+    // Meanwhile the old vhost's topology has become another pipeline's.
+    let other = mailer::topology::ownership::Owner {
+        cluster: "default".into(),
+        namespace: "staging".into(),
+        name: "shop".into(),
+        uid: "uid-of-another-pipeline".into(),
+    };
+    super::support::broker::management()
+        .set_owner(&marker(&old.name), &other)
+        .await
+        .expect("a foreign marker");
+
+    let mut object = h.fake.get(&pipeline_path(&name)).unwrap();
+    object["spec"]["rabbitmq"]["vhost"] = json!(new.name);
+    h.fake.put(&pipeline_path(&name), object);
+    h.reconcile(&name).await.0.unwrap();
+    for queue in ["mail.send", "mail.send.retry", "mail.send.dead"] {
+        raw_api()
+            .get_queue_info(&old.name, queue)
+            .await
+            .unwrap_or_else(|_| panic!("{queue} of the other pipeline removed from the old vhost"));
+    }
+    assert_eq!(
+        owner_in_broker(&old.name).await["uid"],
+        "uid-of-another-pipeline"
+    );
+    raw_api()
+        .get_queue_info(&new.name, "mail.send")
+        .await
+        .expect("built in the new vhost");
+}
