@@ -2,8 +2,17 @@
 //!
 //! Apply reads, compares, and writes only what differs, so applying an unchanged spec
 //! makes no write at all. Nothing here ever deletes or redeclares a queue that exists.
+//!
+//! A pass over many pipelines ([`plan_all`], [`apply_all`]) reads whether each vhost
+//! exists once, then each pipeline's own objects by name, and writes what differs, with
+//! no more than [`MAX_IN_FLIGHT`](super::MAX_IN_FLIGHT) requests at once (the client's bound), so its cost
+//! grows with the number of pipelines and what changes, not with what else shares their
+//! vhosts.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
+
+use futures::future::try_join_all;
 
 use super::diff::{self, Change};
 use super::live::{LiveLoad, LiveQueues};
@@ -16,11 +25,8 @@ pub async fn plan(
     management: &Management,
     topology: &Topology,
 ) -> Result<Vec<Change>, TopologyError> {
-    let observed = management.observe(&topology.vhost).await?;
-    diff::plan(topology, &observed).map_err(|conflicts| TopologyError::Conflict {
-        vhost: topology.vhost.clone(),
-        conflicts,
-    })
+    let mut plans = plan_all(management, std::slice::from_ref(topology)).await?;
+    Ok(plans.pop().unwrap_or_default())
 }
 
 /// Makes RabbitMQ hold `topology` and returns what was changed (nothing when it already
@@ -29,12 +35,99 @@ pub async fn apply(
     management: &Management,
     topology: &Topology,
 ) -> Result<Vec<Change>, TopologyError> {
-    let changes = plan(management, topology).await?;
-    for change in &changes {
-        management.write(&topology.vhost, change).await?;
-        tracing::info!(vhost = %topology.vhost, change = %change, "topology changed");
+    let mut applied = apply_all(management, std::slice::from_ref(topology)).await?;
+    Ok(applied.pop().unwrap_or_default())
+}
+
+/// What apply would change for each of `topologies`, in their order, without changing
+/// anything: the first pipeline that cannot be planned (a conflict, the broker away)
+/// fails the pass. A vhost that is missing is to be created by the first of its
+/// pipelines only.
+pub async fn plan_all(
+    management: &Management,
+    topologies: &[Topology],
+) -> Result<Vec<Vec<Change>>, TopologyError> {
+    let mut vhosts: Vec<&str> = topologies.iter().map(|t| t.vhost.as_str()).collect();
+    vhosts.sort_unstable();
+    vhosts.dedup();
+    let found = try_join_all(vhosts.iter().map(|vhost| management.vhost_exists(vhost))).await?;
+    let existing: HashMap<&str, bool> = vhosts.into_iter().zip(found).collect();
+    let mut plans = try_join_all(topologies.iter().map(|topology| {
+        let vhost_exists = existing
+            .get(topology.vhost.as_str())
+            .copied()
+            .unwrap_or(false);
+        plan_one(management, topology, vhost_exists)
+    }))
+    .await?;
+    // A missing vhost is created once, by the first of its pipelines.
+    let mut created = HashSet::new();
+    for plan in &mut plans {
+        plan.retain(|change| match change {
+            Change::CreateVhost(name) => created.insert(name.clone()),
+            _ => true,
+        });
     }
-    Ok(changes)
+    Ok(plans)
+}
+
+async fn plan_one(
+    management: &Management,
+    topology: &Topology,
+    vhost_exists: bool,
+) -> Result<Vec<Change>, TopologyError> {
+    let observed = management.observe_topology(topology, vhost_exists).await?;
+    diff::plan(topology, &observed).map_err(|conflicts| TopologyError::Conflict {
+        vhost: topology.vhost.clone(),
+        conflicts,
+    })
+}
+
+/// Makes RabbitMQ hold every one of `topologies` and returns what was changed for each,
+/// in their order. Every pipeline is planned before the first write, so a conflict in any
+/// of them stops the pass with nothing written.
+///
+/// The writes go in four steps, each finished before the next starts, each with as many
+/// writes in flight as the client allows ([`MAX_IN_FLIGHT`](super::MAX_IN_FLIGHT)): the vhosts; then policies
+/// and exchanges; then queues, so that no queue exists even for a moment without its
+/// policy's dead-lettering and limits; then bindings, which need their exchange and
+/// queue. A vhost several pipelines need is created once (see [`plan_all`]). The first
+/// failed write stops the pass.
+pub async fn apply_all(
+    management: &Management,
+    topologies: &[Topology],
+) -> Result<Vec<Vec<Change>>, TopologyError> {
+    let plans = plan_all(management, topologies).await?;
+    let mut steps: [Vec<(&str, &Change)>; 4] = Default::default();
+    for (topology, changes) in topologies.iter().zip(&plans) {
+        for change in changes {
+            let step = match change {
+                Change::CreateVhost(_) => 0,
+                Change::PutPolicy { .. } | Change::CreateExchange(_) => 1,
+                Change::CreateQueue(_) => 2,
+                Change::CreateBinding(_) => 3,
+            };
+            steps[step].push((topology.vhost.as_str(), change));
+        }
+    }
+    for step in steps {
+        try_join_all(
+            step.into_iter()
+                .map(|(vhost, change)| write_one(management, vhost, change)),
+        )
+        .await?;
+    }
+    Ok(plans)
+}
+
+async fn write_one(
+    management: &Management,
+    vhost: &str,
+    change: &Change,
+) -> Result<(), TopologyError> {
+    management.write(vhost, change).await?;
+    tracing::info!(vhost = %vhost, change = %change, "topology changed");
+    Ok(())
 }
 
 /// What a delete did, and what it left and why.
@@ -84,7 +177,11 @@ pub async fn delete(
         return Ok(report);
     }
     let vhost = &topology.vhost;
-    let observed = match management.observe(vhost).await {
+    let read = async {
+        let exists = management.vhost_exists(vhost).await?;
+        management.observe_topology(topology, exists).await
+    };
+    let observed = match read.await {
         Ok(observed) => observed,
         Err(e @ TopologyError::Unreachable { .. }) => {
             report
