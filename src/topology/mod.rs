@@ -10,6 +10,7 @@ pub mod live;
 pub mod management;
 pub mod observe;
 pub mod reconcile;
+pub mod snapshot;
 pub mod users;
 
 pub use broker::BrokerCapabilities;
@@ -18,6 +19,7 @@ pub use diff::{Change, Conflict};
 pub use management::{MAX_IN_FLIGHT, Management, ManagementEndpoint, QueueDepth};
 pub use observe::READS_PER_PIPELINE;
 pub use reconcile::{DeleteReport, EmptinessCheck, apply, apply_all, delete, plan, plan_all};
+pub use snapshot::DEFINITIONS_FROM;
 pub use users::{Permissions, UserChange, UserGrant};
 
 use crate::spec::InvalidSpec;

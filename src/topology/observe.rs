@@ -112,7 +112,7 @@ impl Management {
     }
 
     /// A queue and, when it exists, the exchange-to-queue bindings to it.
-    async fn queue(
+    pub(super) async fn queue(
         &self,
         vhost: &str,
         name: &str,
@@ -164,14 +164,23 @@ fn observed_queue(q: QueueInfo) -> ObservedQueue {
     }
 }
 
+fn queue_binding(b: BindingInfo) -> Option<Binding> {
+    queue_binding_of(&b.destination_type, b.source, b.destination, b.routing_key)
+}
+
 /// An exchange-to-queue binding; `None` for the default exchange's implicit one and for
 /// exchange-to-exchange bindings.
-fn queue_binding(b: BindingInfo) -> Option<Binding> {
-    let to_queue = b.destination_type == BindingDestinationType::Queue && !b.source.is_empty();
+pub(super) fn queue_binding_of(
+    destination_type: &BindingDestinationType,
+    source: String,
+    destination: String,
+    routing_key: String,
+) -> Option<Binding> {
+    let to_queue = *destination_type == BindingDestinationType::Queue && !source.is_empty();
     to_queue.then_some(Binding {
-        exchange: b.source,
-        queue: b.destination,
-        routing_key: b.routing_key,
+        exchange: source,
+        queue: destination,
+        routing_key,
     })
 }
 
@@ -185,7 +194,7 @@ fn observed_policy(p: Policy) -> ObservedPolicy {
     }
 }
 
-fn policy_target_name(target: &PolicyTarget) -> &'static str {
+pub(super) fn policy_target_name(target: &PolicyTarget) -> &'static str {
     match target {
         PolicyTarget::Queues => "queues",
         PolicyTarget::ClassicQueues => "classic_queues",

@@ -12,11 +12,12 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
-use futures::future::try_join_all;
+use futures::future::{join_all, try_join_all};
 
-use super::diff::{self, Change};
+use super::diff::{self, Change, Observed};
 use super::live::{LiveLoad, LiveQueues};
 use super::management::Management;
+use super::snapshot::{DEFINITIONS_FROM, Snapshot};
 use super::{Topology, TopologyError};
 use crate::spec::DeletionPolicy;
 
@@ -40,26 +41,36 @@ pub async fn apply(
 }
 
 /// What apply would change for each of `topologies`, in their order, without changing
-/// anything: the first pipeline that cannot be planned (a conflict, the broker away)
-/// fails the pass. A vhost that is missing is to be created by the first of its
-/// pipelines only.
+/// anything. Whether each vhost exists is read once; a vhost with at least
+/// [`DEFINITIONS_FROM`] of the pipelines has its definitions read once for all of them,
+/// the others' objects are read by name. A vhost that is missing is to be created by the
+/// first of its pipelines only.
+///
+/// When pipelines cannot be planned, the pass fails with the error of the first of them;
+/// conflicts of later pipelines in the same vhost are added to its conflicts.
 pub async fn plan_all(
     management: &Management,
     topologies: &[Topology],
 ) -> Result<Vec<Vec<Change>>, TopologyError> {
-    let mut vhosts: Vec<&str> = topologies.iter().map(|t| t.vhost.as_str()).collect();
-    vhosts.sort_unstable();
-    vhosts.dedup();
-    let found = try_join_all(vhosts.iter().map(|vhost| management.vhost_exists(vhost))).await?;
-    let existing: HashMap<&str, bool> = vhosts.into_iter().zip(found).collect();
-    let mut plans = try_join_all(topologies.iter().map(|topology| {
-        let vhost_exists = existing
-            .get(topology.vhost.as_str())
-            .copied()
-            .unwrap_or(false);
-        plan_one(management, topology, vhost_exists)
-    }))
+    let mut pipelines_in: HashMap<&str, usize> = HashMap::new();
+    for topology in topologies {
+        *pipelines_in.entry(topology.vhost.as_str()).or_default() += 1;
+    }
+    let vhosts: Vec<(&str, usize)> = pipelines_in.into_iter().collect();
+    let found = try_join_all(
+        vhosts
+            .iter()
+            .map(|(vhost, pipelines)| view_of(management, vhost, *pipelines)),
+    )
     .await?;
+    let views: HashMap<&str, VhostView> = vhosts.iter().map(|(v, _)| *v).zip(found).collect();
+    let results = join_all(
+        topologies
+            .iter()
+            .map(|topology| plan_one(management, topology, views.get(topology.vhost.as_str()))),
+    )
+    .await;
+    let mut plans = first_failure(results)?;
     // A missing vhost is created once, by the first of its pipelines.
     let mut created = HashSet::new();
     for plan in &mut plans {
@@ -71,16 +82,73 @@ pub async fn plan_all(
     Ok(plans)
 }
 
+/// How a pass reads the pipelines of one vhost.
+enum VhostView {
+    Missing,
+    ByName,
+    Definitions(Snapshot),
+}
+
+async fn view_of(
+    management: &Management,
+    vhost: &str,
+    pipelines: usize,
+) -> Result<VhostView, TopologyError> {
+    if !management.vhost_exists(vhost).await? {
+        return Ok(VhostView::Missing);
+    }
+    if pipelines < DEFINITIONS_FROM {
+        return Ok(VhostView::ByName);
+    }
+    Ok(match management.snapshot(vhost).await? {
+        Some(snapshot) => VhostView::Definitions(snapshot),
+        None => VhostView::ByName,
+    })
+}
+
 async fn plan_one(
     management: &Management,
     topology: &Topology,
-    vhost_exists: bool,
+    view: Option<&VhostView>,
 ) -> Result<Vec<Change>, TopologyError> {
-    let observed = management.observe_topology(topology, vhost_exists).await?;
+    let observed = match view {
+        None | Some(VhostView::Missing) => Observed::default(),
+        Some(VhostView::ByName) => management.observe_topology(topology, true).await?,
+        Some(VhostView::Definitions(snapshot)) => {
+            management.observe_in_snapshot(topology, snapshot).await?
+        }
+    };
     diff::plan(topology, &observed).map_err(|conflicts| TopologyError::Conflict {
         vhost: topology.vhost.clone(),
         conflicts,
     })
+}
+
+/// The plans, or the error of the first pipeline that has one, with the conflicts of
+/// later pipelines in the same vhost added to it.
+fn first_failure(
+    results: Vec<Result<Vec<Change>, TopologyError>>,
+) -> Result<Vec<Vec<Change>>, TopologyError> {
+    let mut plans = Vec::with_capacity(results.len());
+    let mut failure: Option<TopologyError> = None;
+    for result in results {
+        match (result, &mut failure) {
+            (Ok(plan), None) => plans.push(plan),
+            (Err(e), None) => failure = Some(e),
+            (
+                Err(TopologyError::Conflict { vhost, conflicts }),
+                Some(TopologyError::Conflict {
+                    vhost: first,
+                    conflicts: all,
+                }),
+            ) if vhost == *first => all.extend(conflicts),
+            _ => {}
+        }
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(plans),
+    }
 }
 
 /// Makes RabbitMQ hold every one of `topologies` and returns what was changed for each,

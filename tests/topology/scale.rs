@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use lapin::options::QueueDeclareOptions;
-use mailer::topology::{self, MAX_IN_FLIGHT, READS_PER_PIPELINE, TopologyError};
+use mailer::topology::{self, DEFINITIONS_FROM, MAX_IN_FLIGHT, READS_PER_PIPELINE, TopologyError};
 
 use crate::many::{self, OBJECTS_PER_PIPELINE};
 use crate::proxy::{Proxy, Recorded};
@@ -38,6 +38,18 @@ async fn apply_pipeline_0_in_sync(proxy: &Proxy, topology: &topology::Topology) 
     assert_eq!((m.reads(), m.writes()), (REQUESTS_PER_IN_SYNC_APPLY, 0));
 }
 
+/// Applies `topologies` in one pass through the proxy, in sync, and returns the kinds of
+/// the requests it made (none of them a write).
+async fn pass_in_sync(proxy: &Proxy, topologies: &[topology::Topology]) -> Vec<String> {
+    let m = proxy.management();
+    let plans = topology::apply_all(&m, topologies).await.expect("a pass");
+    assert!(plans.iter().all(Vec::is_empty), "{plans:#?}");
+    let recorded = proxy.take();
+    assert!(recorded.iter().all(|r| !r.is_write()));
+    assert_eq!(m.writes(), 0);
+    recorded.iter().map(|r| r.kind().to_string()).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_in_sync_costs_the_same_requests_whatever_shares_its_vhost() {
     assert_eq!(READS_PER_PIPELINE + 1, REQUESTS_PER_IN_SYNC_APPLY);
@@ -49,20 +61,25 @@ async fn a_pipeline_in_sync_costs_the_same_requests_whatever_shares_its_vhost() 
         .await
         .expect("pipeline 0 and 1 other");
     apply_pipeline_0_in_sync(&proxy, &all[0]).await;
+    // Fewer pipelines of a pass than DEFINITIONS_FROM in a vhost are read by name.
+    let kinds = pass_in_sync(&proxy, &all[..2]).await;
+    assert_eq!(kinds.len(), 1 + 2 * READS_PER_PIPELINE, "{kinds:?}");
 
     topology::apply_all(&management(), &all[2..])
         .await
         .expect("19 more");
     apply_pipeline_0_in_sync(&proxy, &all[0]).await;
-
-    // A pass over all 21: the vhost read once, then each pipeline's own objects.
-    let m = proxy.management();
-    let plans = topology::apply_all(&m, &all).await.expect("a pass in sync");
-    assert!(plans.iter().all(Vec::is_empty), "{plans:#?}");
-    let recorded = proxy.take();
-    assert_eq!(recorded.len(), 1 + 21 * READS_PER_PIPELINE);
-    assert_eq!(recorded.iter().filter(|r| r.is_write()).count(), 0);
-    assert_eq!(m.writes(), 0);
+    let kinds = pass_in_sync(&proxy, &all[..DEFINITIONS_FROM - 1]).await;
+    assert_eq!(
+        kinds.len(),
+        1 + (DEFINITIONS_FROM - 1) * READS_PER_PIPELINE,
+        "{kinds:?}"
+    );
+    // From DEFINITIONS_FROM on, the vhost's definitions are read once for all of them.
+    for pipelines in [DEFINITIONS_FROM, 21] {
+        let kinds = pass_in_sync(&proxy, &all[..pipelines]).await;
+        assert_eq!(kinds, ["vhosts", "definitions"], "{pipelines} pipelines");
+    }
 }
 
 /// The latest finish of the writes to `kinds` and the earliest start of those to `next`.
@@ -138,18 +155,36 @@ async fn a_conflict_in_any_pipeline_stops_the_pass_before_its_first_write() {
     let vhost = TestVhost::created("scale-conflict").await;
     let connection = vhost.connect().await;
     let channel = connection.create_channel().await.expect("channel");
-    channel
-        .queue_declare(
-            "p4.mail.send".into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            Default::default(),
-        )
-        .await
-        .expect("a classic queue in the way of pipeline 4");
-    let all = many::topologies(&vhost.name, 0..6, TestBroker::get().capabilities());
+    let declare = |name: &'static str, options: QueueDeclareOptions| {
+        let channel = channel.clone();
+        async move {
+            channel
+                .queue_declare(name.into(), options, Default::default())
+                .await
+                .expect("a queue in the way");
+        }
+    };
+    declare(
+        "p4.mail.send",
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    // An exclusive queue is left out of the vhost's definitions; it lives as long as the
+    // connection, which stays open until the end.
+    declare(
+        "p7.mail.send.dead",
+        QueueDeclareOptions {
+            exclusive: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    // Enough pipelines for the pass to read the vhost's definitions.
+    let pipelines = DEFINITIONS_FROM + 2;
+    let all = many::topologies(&vhost.name, 0..pipelines, TestBroker::get().capabilities());
     let proxy = Proxy::start(Duration::ZERO).await;
     let m = proxy.management();
 
@@ -160,20 +195,31 @@ async fn a_conflict_in_any_pipeline_stops_the_pass_before_its_first_write() {
         text.contains(r#"queue "p4.mail.send" exists but is a classic queue, not quorum"#),
         "{text}"
     );
+    assert!(
+        text.contains(r#"queue "p7.mail.send.dead" exists but"#) && text.contains("is exclusive"),
+        "{text}"
+    );
     assert!(text.contains("nothing was changed"), "{text}");
     assert_eq!(m.writes(), 0);
-    assert_eq!(proxy.take().iter().filter(|r| r.is_write()).count(), 0);
-    let queues: Vec<(String, String)> = raw_api()
+    let recorded = proxy.take();
+    assert_eq!(recorded.iter().filter(|r| r.is_write()).count(), 0);
+    assert!(recorded.iter().any(|r| r.kind() == "definitions"));
+    let mut queues: Vec<(String, String)> = raw_api()
         .list_queues_in(&vhost.name)
         .await
         .expect("queues")
         .into_iter()
         .map(|q| (q.name, q.queue_type))
         .collect();
+    queues.sort();
     assert_eq!(
         queues,
-        [("p4.mail.send".to_string(), "classic".to_string())]
+        [
+            ("p4.mail.send".to_string(), "classic".to_string()),
+            ("p7.mail.send.dead".to_string(), "classic".to_string())
+        ]
     );
+    drop(connection);
 }
 
 #[tokio::test]
