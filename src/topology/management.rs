@@ -3,8 +3,10 @@
 //! time with errors a user can act on. Reading a pipeline's objects is in
 //! [`observe`](super::observe).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use rabbitmq_http_client::api::{Client, HttpClientError};
@@ -29,7 +31,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_IN_FLIGHT: usize = 8;
 
 /// Where the management API is and who to be there.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct ManagementEndpoint {
     /// The API's base, e.g. `http://localhost:15672/api`, without credentials.
     api: Url,
@@ -153,6 +155,26 @@ impl Management {
             writes: AtomicUsize::new(0),
             in_flight: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
         })
+    }
+
+    /// The client of `endpoint` that the whole process shares, made at its first use: one
+    /// pool of connections and one bound on the requests in flight per broker endpoint
+    /// and user, however many pipelines use it at once. It is kept for the life of the
+    /// process (one per endpoint and set of credentials ever used). Its
+    /// [`writes`](Self::writes) and [`reads`](Self::reads) count for every user of it.
+    pub fn shared(endpoint: &ManagementEndpoint) -> Result<Arc<Self>, TopologyError> {
+        static CLIENTS: OnceLock<Mutex<HashMap<ManagementEndpoint, Arc<Management>>>> =
+            OnceLock::new();
+        let mut clients = CLIENTS
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(client) = clients.get(endpoint) {
+            return Ok(client.clone());
+        }
+        let client = Arc::new(Self::new(endpoint)?);
+        clients.insert(endpoint.clone(), client.clone());
+        Ok(client)
     }
 
     pub fn endpoint(&self) -> &ManagementEndpoint {
@@ -403,6 +425,18 @@ mod tests {
         assert_eq!(e.password(), "s3cret");
         assert_eq!(e.to_string(), "http://guest:***@localhost:15672/api");
         assert!(!format!("{e:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn one_client_is_shared_per_endpoint_and_user() {
+        let endpoint = |url: &str| ManagementEndpoint::parse(url).unwrap();
+        let a = Management::shared(&endpoint("http://u:p@rabbit-a:15672")).unwrap();
+        let again = Management::shared(&endpoint("http://u:p@rabbit-a:15672/api")).unwrap();
+        let other_user = Management::shared(&endpoint("http://v:p@rabbit-a:15672")).unwrap();
+        let other_host = Management::shared(&endpoint("http://u:p@rabbit-b:15672")).unwrap();
+        assert!(Arc::ptr_eq(&a, &again));
+        assert!(!Arc::ptr_eq(&a, &other_user));
+        assert!(!Arc::ptr_eq(&a, &other_host));
     }
 
     #[test]
