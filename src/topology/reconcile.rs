@@ -162,7 +162,7 @@ fn first_failure(
 /// exchange and queue. Policies go alone and first because RabbitMQ matches each policy
 /// it is given against every exchange and queue of the vhost: written among new
 /// exchanges and queues, each would cost more the more of them exist (with 1,000
-/// pipelines in one vhost, a fifth of the speed). A vhost several pipelines need is
+/// pipelines in one vhost, that step went at about 10 objects a second on RabbitMQ 4.0). A vhost several pipelines need is
 /// created once (see [`plan_all`]). The first failed write stops the pass.
 pub async fn apply_all(
     management: &Management,
