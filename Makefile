@@ -50,9 +50,12 @@ crd:
 	cp crds/mailerpipeline.yaml charts/mailer-operator/crds/mailerpipeline.yaml
 
 # The worker's benchmark (issue 3) against the real RabbitMQ at 127.0.0.1 and a local
-# aiosmtpd sink; prints rates, ratios and memory. See docs/benchmarks.md.
+# aiosmtpd sink; prints rates, ratios and memory. Then the topology's (issue 12): N
+# pipelines in one vhost, first and second apply against the broker's own bulk import.
+# See docs/benchmarks.md.
 bench:
 	cargo bench --bench worker
+	cargo bench --bench topology
 
 # The release image, through the Dockerfile's runtime stage, from the binary `cargo build
 # --release` made, on a base assembled from this machine's Debian packages; left in

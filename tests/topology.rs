@@ -1,7 +1,15 @@
 //! The topology reconciler against the real RabbitMQ: what apply creates, that a second
-//! apply writes nothing, drift, conflicts, deletion, and that the policies really work.
+//! apply writes nothing, drift, conflicts, deletion, and that the policies really work;
+//! and (`topology/scale.rs`) what a pass over many pipelines costs the management API.
 
 pub mod support;
+
+#[path = "topology/many.rs"]
+mod many;
+#[path = "topology/proxy.rs"]
+mod proxy;
+#[path = "topology/scale.rs"]
+mod scale;
 
 use std::process::Command;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 use anyhow::Result;
 
 use crate::manifest::{self, display_name};
-use crate::spec::DeletionPolicy;
+use crate::spec::{DeletionPolicy, MailerPipeline};
 use crate::topology::live::{amqp_url_for, with_vhost};
 use crate::topology::reconcile::EmptinessCheck;
 use crate::topology::{self, Management, ManagementEndpoint, Topology};
@@ -31,48 +31,64 @@ pub async fn run(
     for pipeline in &manifest.pipelines {
         pipeline.spec.validate()?;
     }
+    // One version read and one client for the whole file: every pipeline of the pass
+    // shares them.
     let capabilities = management.capabilities().await?;
-    for pipeline in &manifest.pipelines {
-        let name = display_name(pipeline);
-        let desired = Topology::desired(
-            &pipeline.spec.rabbitmq.vhost,
-            &pipeline.spec.topology,
-            capabilities,
-        )?;
-        let vhost = &desired.vhost;
-        match action {
-            Action::Plan => {
-                let changes = topology::plan(&management, &desired).await?;
-                print_changes(&name, vhost, "would ", &changes);
+    let desired = manifest
+        .pipelines
+        .iter()
+        .map(|pipeline| {
+            Topology::desired(
+                &pipeline.spec.rabbitmq.vhost,
+                &pipeline.spec.topology,
+                capabilities,
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let (prefix, plans) = match action {
+        Action::Plan => ("would ", topology::plan_all(&management, &desired).await?),
+        Action::Apply => ("", topology::apply_all(&management, &desired).await?),
+        Action::Delete { force } => {
+            for (pipeline, desired) in manifest.pipelines.iter().zip(&desired) {
+                delete(&management, &endpoint, amqp_url, pipeline, desired, force).await?;
             }
-            Action::Apply => {
-                let changes = topology::apply(&management, &desired).await?;
-                print_changes(&name, vhost, "", &changes);
-            }
-            Action::Delete { force } => {
-                let live_url = match amqp_url {
-                    Some(url) => with_vhost(url, vhost).map_err(anyhow::Error::msg)?,
-                    None => amqp_url_for(&endpoint, vhost),
-                };
-                let check = if force {
-                    EmptinessCheck::Force
-                } else {
-                    EmptinessCheck::Live(&live_url)
-                };
-                let policy = pipeline.spec.topology.deletion_policy;
-                let report = topology::delete(&management, &desired, policy, check).await?;
-                println!("{name} (vhost {vhost:?}, deletionPolicy {policy:?}):");
-                if policy == DeletionPolicy::Delete
-                    && report.removed.is_empty()
-                    && report.kept.is_empty()
-                {
-                    println!("  nothing to remove");
-                }
-                for line in report.to_string().lines() {
-                    println!("  {line}");
-                }
-            }
+            return Ok(());
         }
+    };
+    for ((pipeline, desired), changes) in manifest.pipelines.iter().zip(&desired).zip(&plans) {
+        print_changes(&display_name(pipeline), &desired.vhost, prefix, changes);
+    }
+    Ok(())
+}
+
+/// Deletes what one pipeline's `deletionPolicy` allows and prints what it did.
+async fn delete(
+    management: &Management,
+    endpoint: &ManagementEndpoint,
+    amqp_url: Option<&str>,
+    pipeline: &MailerPipeline,
+    desired: &Topology,
+    force: bool,
+) -> Result<()> {
+    let name = display_name(pipeline);
+    let vhost = &desired.vhost;
+    let live_url = match amqp_url {
+        Some(url) => with_vhost(url, vhost).map_err(anyhow::Error::msg)?,
+        None => amqp_url_for(endpoint, vhost),
+    };
+    let check = if force {
+        EmptinessCheck::Force
+    } else {
+        EmptinessCheck::Live(&live_url)
+    };
+    let policy = pipeline.spec.topology.deletion_policy;
+    let report = topology::delete(management, desired, policy, check).await?;
+    println!("{name} (vhost {vhost:?}, deletionPolicy {policy:?}):");
+    if policy == DeletionPolicy::Delete && report.removed.is_empty() && report.kept.is_empty() {
+        println!("  nothing to remove");
+    }
+    for line in report.to_string().lines() {
+        println!("  {line}");
     }
     Ok(())
 }

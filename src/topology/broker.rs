@@ -45,8 +45,7 @@ impl Management {
     /// the next apply.
     pub async fn capabilities(&self) -> Result<BrokerCapabilities, TopologyError> {
         let version = self
-            .api
-            .server_version()
+            .read(self.api.server_version())
             .await
             .map_err(|e| self.error("read the RabbitMQ version", e))?;
         BrokerCapabilities::of_version(&version).map_err(|reason| TopologyError::Refused {

@@ -1,8 +1,12 @@
-//! RabbitMQ's management HTTP API, through `rabbitmq_http_client`: reading what a vhost
-//! holds and making one change at a time, with errors a user can act on.
+//! RabbitMQ's management HTTP API, through `rabbitmq_http_client`: one pooled client per
+//! broker endpoint, with a bound on the requests it has in flight, making one change at a
+//! time with errors a user can act on. Reading a pipeline's objects is in
+//! [`observe`](super::observe).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use rabbitmq_http_client::api::{Client, HttpClientError};
@@ -14,14 +18,20 @@ use url::Url;
 
 use super::TopologyError;
 use super::desired::{Binding, ExchangeKind, POLICY_PRIORITY};
-use super::diff::{Change, Observed, ObservedExchange, ObservedPolicy, ObservedQueue};
+use super::diff::Change;
 use crate::redact::{MASK, credentials};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The most requests of the topology one client has in flight at once, reads and writes
+/// together. The management API serves each request on the broker's own schedulers, so
+/// more at once only makes each slower (and starves the broker's message traffic); 8
+/// keeps a broker on two cores busy without queueing work inside it.
+pub const MAX_IN_FLIGHT: usize = 8;
+
 /// Where the management API is and who to be there.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct ManagementEndpoint {
     /// The API's base, e.g. `http://localhost:15672/api`, without credentials.
     api: Url,
@@ -113,11 +123,14 @@ impl fmt::Debug for ManagementEndpoint {
     }
 }
 
-/// A client of one broker's management API.
+/// A client of one broker's management API. Its HTTP connections are pooled and kept
+/// alive, so one client serves every pipeline of a pass (share it by reference).
 pub struct Management {
     pub(super) api: Client<String, String, String>,
     endpoint: ManagementEndpoint,
+    reads: AtomicUsize,
     writes: AtomicUsize,
+    in_flight: tokio::sync::Semaphore,
 }
 
 impl Management {
@@ -138,8 +151,30 @@ impl Management {
         Ok(Self {
             api,
             endpoint: endpoint.clone(),
+            reads: AtomicUsize::new(0),
             writes: AtomicUsize::new(0),
+            in_flight: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
         })
+    }
+
+    /// The client of `endpoint` that the whole process shares, made at its first use: one
+    /// pool of connections and one bound on the requests in flight per broker endpoint
+    /// and user, however many pipelines use it at once. It is kept for the life of the
+    /// process (one per endpoint and set of credentials ever used). Its
+    /// [`writes`](Self::writes) and [`reads`](Self::reads) count for every user of it.
+    pub fn shared(endpoint: &ManagementEndpoint) -> Result<Arc<Self>, TopologyError> {
+        static CLIENTS: OnceLock<Mutex<HashMap<ManagementEndpoint, Arc<Management>>>> =
+            OnceLock::new();
+        let mut clients = CLIENTS
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(client) = clients.get(endpoint) {
+            return Ok(client.clone());
+        }
+        let client = Arc::new(Self::new(endpoint)?);
+        clients.insert(endpoint.clone(), client.clone());
+        Ok(client)
     }
 
     pub fn endpoint(&self) -> &ManagementEndpoint {
@@ -152,97 +187,44 @@ impl Management {
         self.writes.load(Ordering::Relaxed)
     }
 
+    /// How many reading requests of the topology this client has made.
+    pub fn reads(&self) -> usize {
+        self.reads.load(Ordering::Relaxed)
+    }
+
     pub(super) fn count_write(&self) {
         self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Runs a reading request once fewer than [`MAX_IN_FLIGHT`] are under way.
+    pub(super) async fn read<T>(&self, request: impl Future<Output = T>) -> T {
+        // The semaphore is never closed, so acquiring it cannot fail.
+        let _permit = self.in_flight.acquire().await.ok();
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        request.await
+    }
+
+    /// Runs a writing request once fewer than [`MAX_IN_FLIGHT`] are under way.
+    async fn bounded_write<T>(&self, request: impl Future<Output = T>) -> T {
+        let _permit = self.in_flight.acquire().await.ok();
+        self.count_write();
+        request.await
     }
 
     pub(super) fn error(&self, action: &str, e: HttpClientError) -> TopologyError {
         TopologyError::from_http(&self.endpoint, action, e)
     }
 
-    /// Everything in `vhost` a pipeline may care about. A missing vhost reads as empty.
-    pub async fn observe(&self, vhost: &str) -> Result<Observed, TopologyError> {
-        match self.api.get_vhost(vhost).await {
-            Ok(_) => {}
-            Err(e) if e.is_not_found() => return Ok(Observed::default()),
-            Err(e) => return Err(self.error(&format!("read vhost {vhost:?}"), e)),
-        }
-        let (exchanges, queues, bindings, policies) = futures::try_join!(
-            async {
-                self.api
-                    .list_exchanges_in(vhost)
-                    .await
-                    .map_err(|e| self.error("list exchanges", e))
-            },
-            async {
-                self.api
-                    .list_queues_in(vhost)
-                    .await
-                    .map_err(|e| self.error("list queues", e))
-            },
-            async {
-                self.api
-                    .list_bindings_in(vhost)
-                    .await
-                    .map_err(|e| self.error("list bindings", e))
-            },
-            async {
-                self.api
-                    .list_policies_in(vhost)
-                    .await
-                    .map_err(|e| self.error("list policies", e))
-            },
-        )?;
-        Ok(Observed {
-            vhost_exists: true,
-            exchanges: exchanges
-                .into_iter()
-                .map(|e| ObservedExchange {
-                    name: e.name,
-                    kind: e.exchange_type,
-                    durable: e.durable,
-                    auto_delete: e.auto_delete,
-                })
-                .collect(),
-            queues: queues
-                .into_iter()
-                .map(|q| ObservedQueue {
-                    name: q.name,
-                    queue_type: q.queue_type,
-                    durable: q.durable,
-                    auto_delete: q.auto_delete,
-                    exclusive: q.exclusive,
-                    arguments: q.arguments.0,
-                })
-                .collect(),
-            bindings: bindings
-                .into_iter()
-                .filter(|b| {
-                    b.destination_type == BindingDestinationType::Queue && !b.source.is_empty()
-                })
-                .map(|b| Binding {
-                    exchange: b.source,
-                    queue: b.destination,
-                    routing_key: b.routing_key,
-                })
-                .collect(),
-            policies: policies
-                .into_iter()
-                .map(|p| ObservedPolicy {
-                    name: p.name,
-                    pattern: p.pattern,
-                    apply_to: policy_target_name(&p.apply_to).to_string(),
-                    priority: p.priority,
-                    definition: p.definition.0.unwrap_or_default(),
-                })
-                .collect(),
-        })
-    }
-
     /// Makes one change in `vhost`.
     pub async fn write(&self, vhost: &str, change: &Change) -> Result<(), TopologyError> {
-        self.count_write();
-        let result = match change {
+        self.request(vhost, change)
+            .await
+            .map_err(|e| self.error(&change.to_string(), e))
+    }
+
+    /// The requests of one change, each counted and bounded.
+    async fn request(&self, vhost: &str, change: &Change) -> Result<(), HttpClientError> {
+        match change {
             Change::CreateVhost(name) => {
                 let params = VirtualHostParams {
                     name,
@@ -251,14 +233,12 @@ impl Management {
                     default_queue_type: None,
                     tracing: false,
                 };
-                match self.api.create_vhost(&params).await {
-                    Ok(()) => {
-                        self.api
-                            .grant_full_permissions(&self.endpoint.username, name)
-                            .await
-                    }
-                    Err(e) => Err(e),
-                }
+                self.bounded_write(self.api.create_vhost(&params)).await?;
+                self.bounded_write(
+                    self.api
+                        .grant_full_permissions(&self.endpoint.username, name),
+                )
+                .await
             }
             Change::CreateExchange(exchange) => {
                 let params = ExchangeParams {
@@ -271,17 +251,23 @@ impl Management {
                     auto_delete: false,
                     arguments: None,
                 };
-                self.api.declare_exchange(vhost, &params).await
+                self.bounded_write(self.api.declare_exchange(vhost, &params))
+                    .await
             }
             Change::CreateQueue(queue) => {
-                self.api
-                    .declare_queue(vhost, &QueueParams::new_quorum_queue(&queue.name, None))
+                let params = QueueParams::new_quorum_queue(&queue.name, None);
+                self.bounded_write(self.api.declare_queue(vhost, &params))
                     .await
             }
             Change::CreateBinding(b) => {
-                self.api
-                    .bind_queue(vhost, &b.queue, &b.exchange, Some(&b.routing_key), None)
-                    .await
+                self.bounded_write(self.api.bind_queue(
+                    vhost,
+                    &b.queue,
+                    &b.exchange,
+                    Some(&b.routing_key),
+                    None,
+                ))
+                .await
             }
             Change::PutPolicy { policy, .. } => {
                 let params = PolicyParams {
@@ -292,14 +278,12 @@ impl Management {
                     priority: i32::from(POLICY_PRIORITY),
                     definition: policy.definition.clone(),
                 };
-                self.api.declare_policy(&params).await
+                self.bounded_write(self.api.declare_policy(&params)).await
             }
-        };
-        result.map_err(|e| self.error(&change.to_string(), e))
+        }
     }
 
     pub async fn delete_binding(&self, vhost: &str, b: &Binding) -> Result<(), TopologyError> {
-        self.count_write();
         let params = BindingDeletionParams {
             virtual_host: vhost,
             source: &b.exchange,
@@ -308,7 +292,10 @@ impl Management {
             routing_key: &b.routing_key,
             arguments: None,
         };
-        match self.api.delete_binding(&params, true).await {
+        match self
+            .bounded_write(self.api.delete_binding(&params, true))
+            .await
+        {
             Err(e) if !e.is_not_found() => {
                 Err(self.error(&format!("delete binding {} -> {}", b.exchange, b.queue), e))
             }
@@ -317,25 +304,19 @@ impl Management {
     }
 
     pub async fn delete_exchange(&self, vhost: &str, name: &str) -> Result<(), TopologyError> {
-        self.count_write();
-        self.api
-            .delete_exchange(vhost, name, true)
+        self.bounded_write(self.api.delete_exchange(vhost, name, true))
             .await
             .map_err(|e| self.error(&format!("delete exchange {name}"), e))
     }
 
     pub async fn delete_queue(&self, vhost: &str, name: &str) -> Result<(), TopologyError> {
-        self.count_write();
-        self.api
-            .delete_queue(vhost, name, true)
+        self.bounded_write(self.api.delete_queue(vhost, name, true))
             .await
             .map_err(|e| self.error(&format!("delete queue {name}"), e))
     }
 
     pub async fn delete_policy(&self, vhost: &str, name: &str) -> Result<(), TopologyError> {
-        self.count_write();
-        self.api
-            .delete_policy(vhost, name, true)
+        self.bounded_write(self.api.delete_policy(vhost, name, true))
             .await
             .map_err(|e| self.error(&format!("delete policy {name}"), e))
     }
@@ -347,7 +328,7 @@ impl Management {
         vhost: &str,
         name: &str,
     ) -> Result<Option<QueueDepth>, TopologyError> {
-        match self.api.get_queue_info(vhost, name).await {
+        match self.read(self.api.get_queue_info(vhost, name)).await {
             Ok(q) => Ok(Some(QueueDepth {
                 messages: q.message_count,
                 unacknowledged: q.unacknowledged_message_count,
@@ -365,17 +346,6 @@ pub struct QueueDepth {
     pub messages: u64,
     pub unacknowledged: u64,
     pub consumers: u32,
-}
-
-fn policy_target_name(target: &PolicyTarget) -> &'static str {
-    match target {
-        PolicyTarget::Queues => "queues",
-        PolicyTarget::ClassicQueues => "classic_queues",
-        PolicyTarget::QuorumQueues => "quorum_queues",
-        PolicyTarget::Streams => "streams",
-        PolicyTarget::Exchanges => "exchanges",
-        PolicyTarget::All => "all",
-    }
 }
 
 impl TopologyError {
@@ -455,6 +425,18 @@ mod tests {
         assert_eq!(e.password(), "s3cret");
         assert_eq!(e.to_string(), "http://guest:***@localhost:15672/api");
         assert!(!format!("{e:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn one_client_is_shared_per_endpoint_and_user() {
+        let endpoint = |url: &str| ManagementEndpoint::parse(url).unwrap();
+        let a = Management::shared(&endpoint("http://u:p@rabbit-a:15672")).unwrap();
+        let again = Management::shared(&endpoint("http://u:p@rabbit-a:15672/api")).unwrap();
+        let other_user = Management::shared(&endpoint("http://v:p@rabbit-a:15672")).unwrap();
+        let other_host = Management::shared(&endpoint("http://u:p@rabbit-b:15672")).unwrap();
+        assert!(Arc::ptr_eq(&a, &again));
+        assert!(!Arc::ptr_eq(&a, &other_user));
+        assert!(!Arc::ptr_eq(&a, &other_host));
     }
 
     #[test]

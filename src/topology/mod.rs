@@ -1,21 +1,26 @@
 //! The RabbitMQ side of a pipeline: the desired objects as a pure function of the spec
-//! and the broker's capabilities ([`desired`], [`broker`]), the comparison with what the broker has ([`diff`]), and applying or
-//! deleting through the management API ([`reconcile`]).
+//! and the broker's capabilities ([`desired`], [`broker`]), what the broker has of them
+//! ([`observe`]), the comparison of the two ([`diff`]), and applying or deleting through
+//! the management API ([`reconcile`]), one pipeline or a pass over many.
 
 pub mod broker;
 pub mod desired;
 pub mod diff;
 pub mod live;
 pub mod management;
+pub mod observe;
 pub mod ownership;
 pub mod reconcile;
+pub mod snapshot;
 pub mod users;
 
 pub use broker::BrokerCapabilities;
 pub use desired::Topology;
 pub use diff::{Change, Conflict};
-pub use management::{Management, ManagementEndpoint, QueueDepth};
-pub use reconcile::{DeleteReport, EmptinessCheck, apply, delete, plan};
+pub use management::{MAX_IN_FLIGHT, Management, ManagementEndpoint, QueueDepth};
+pub use observe::READS_PER_PIPELINE;
+pub use reconcile::{DeleteReport, EmptinessCheck, apply, apply_all, delete, plan, plan_all};
+pub use snapshot::DEFINITIONS_FROM;
 pub use users::{Permissions, UserChange, UserGrant};
 
 use crate::spec::InvalidSpec;
@@ -36,7 +41,7 @@ pub enum TopologyError {
     )]
     Unauthorized { endpoint: String, user: String },
     #[error(
-        "user {user:?} may not {action} through the management API at {endpoint} (403 Forbidden): give it the administrator tag, or the policymaker tag and configure permissions on the vhost"
+        "user {user:?} may not {action} through the management API at {endpoint} (403 Forbidden): give it the administrator tag (the operator needs it to write its owner markers; mailer topology alone can do with the policymaker tag and configure permissions on the vhost)"
     )]
     Forbidden {
         endpoint: String,

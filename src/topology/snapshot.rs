@@ -1,0 +1,166 @@
+//! A vhost's definitions read once for a pass over many of its pipelines: one request,
+//! instead of [`READS_PER_PIPELINE`](super::READS_PER_PIPELINE) per pipeline.
+//!
+//! Definitions leave out exclusive queues (they die with their connection), so a queue
+//! that the definitions lack is read by name before a plan may create it: a queue of
+//! another kind in the way is then still found before the first write.
+
+use std::collections::HashMap;
+
+use rabbitmq_http_client::responses::{
+    BindingDefinitionWithoutVirtualHost, ExchangeDefinitionWithoutVirtualHost,
+    PolicyWithoutVirtualHost, QueueDefinitionWithoutVirtualHost,
+};
+
+use super::TopologyError;
+use super::desired::{Binding, Topology};
+use super::diff::{Observed, ObservedExchange, ObservedPolicy, ObservedQueue};
+use super::management::Management;
+use super::observe::{policy_target_name, queue_binding_of};
+
+/// From this many pipelines of a pass in one vhost, the pass reads the vhost's
+/// definitions once instead of each pipeline's objects by name. Fewer are cheaper by
+/// name: the definitions of a vhost grow with everything in it.
+pub const DEFINITIONS_FROM: usize = 8;
+
+/// The objects of one vhost, by name.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    exchanges: HashMap<String, ObservedExchange>,
+    queues: HashMap<String, ObservedQueue>,
+    /// Exchange-to-queue bindings, by queue.
+    bindings: HashMap<String, Vec<Binding>>,
+    policies: HashMap<String, ObservedPolicy>,
+}
+
+impl Management {
+    /// The definitions of `vhost`, or `None` when this user may not read them (they need
+    /// the administrator tag) or the vhost went away: then read by name instead.
+    pub async fn snapshot(&self, vhost: &str) -> Result<Option<Snapshot>, TopologyError> {
+        let set = match self
+            .read(self.api.export_vhost_definitions_as_data(vhost))
+            .await
+        {
+            Ok(set) => set,
+            Err(e)
+                if matches!(
+                    e.status_code().map(|s| s.as_u16()),
+                    Some(400 | 401 | 403 | 404)
+                ) =>
+            {
+                return Ok(None);
+            }
+            Err(e) => {
+                return Err(self.error(&format!("read the definitions of vhost {vhost:?}"), e));
+            }
+        };
+        let mut snapshot = Snapshot::default();
+        for e in set.exchanges {
+            snapshot.exchanges.insert(e.name.clone(), exchange(e));
+        }
+        for q in set.queues {
+            snapshot.queues.insert(q.name.clone(), queue(q));
+        }
+        for b in set.bindings {
+            if let Some(binding) = binding(b) {
+                snapshot
+                    .bindings
+                    .entry(binding.queue.clone())
+                    .or_default()
+                    .push(binding);
+            }
+        }
+        for p in set.policies {
+            snapshot.policies.insert(p.name.clone(), policy(p));
+        }
+        Ok(Some(snapshot))
+    }
+
+    /// What `snapshot` holds of `topology`'s objects, each queue it lacks read by name
+    /// first; when any such queue exists after all, the pipeline is read by name.
+    pub async fn observe_in_snapshot(
+        &self,
+        topology: &Topology,
+        snapshot: &Snapshot,
+    ) -> Result<Observed, TopologyError> {
+        let lacking = topology
+            .queues
+            .iter()
+            .filter(|q| !snapshot.queues.contains_key(&q.name));
+        let found =
+            futures::future::try_join_all(lacking.map(|q| self.queue(&topology.vhost, &q.name)))
+                .await?;
+        if found.iter().any(Option::is_some) {
+            return self.observe_topology(topology, true).await;
+        }
+        Ok(Observed {
+            vhost_exists: true,
+            exchanges: topology
+                .exchanges
+                .iter()
+                .filter_map(|e| snapshot.exchanges.get(&e.name).cloned())
+                .collect(),
+            queues: topology
+                .queues
+                .iter()
+                .filter_map(|q| snapshot.queues.get(&q.name).cloned())
+                .collect(),
+            bindings: topology
+                .queues
+                .iter()
+                .filter_map(|q| snapshot.bindings.get(&q.name))
+                .flatten()
+                .cloned()
+                .collect(),
+            policies: topology
+                .policies
+                .iter()
+                .filter_map(|p| snapshot.policies.get(&p.name).cloned())
+                .collect(),
+        })
+    }
+}
+
+fn exchange(e: ExchangeDefinitionWithoutVirtualHost) -> ObservedExchange {
+    ObservedExchange {
+        name: e.name,
+        kind: e.exchange_type,
+        durable: e.durable,
+        auto_delete: e.auto_delete,
+    }
+}
+
+/// A queue from its definition, which has no type of its own before RabbitMQ 4: the
+/// `x-queue-type` argument says it, and a queue without one is classic. A queue in the
+/// definitions is never exclusive.
+fn queue(q: QueueDefinitionWithoutVirtualHost) -> ObservedQueue {
+    let queue_type = q
+        .arguments
+        .0
+        .get("x-queue-type")
+        .and_then(|t| t.as_str())
+        .unwrap_or("classic")
+        .to_string();
+    ObservedQueue {
+        name: q.name,
+        queue_type,
+        durable: q.durable,
+        auto_delete: q.auto_delete,
+        exclusive: false,
+        arguments: q.arguments.0,
+    }
+}
+
+fn binding(b: BindingDefinitionWithoutVirtualHost) -> Option<Binding> {
+    queue_binding_of(&b.destination_type, b.source, b.destination, b.routing_key)
+}
+
+fn policy(p: PolicyWithoutVirtualHost) -> ObservedPolicy {
+    ObservedPolicy {
+        name: p.name,
+        pattern: p.pattern,
+        apply_to: policy_target_name(&p.apply_to).to_string(),
+        priority: p.priority,
+        definition: p.definition.0.unwrap_or_default(),
+    }
+}
