@@ -67,6 +67,7 @@ pub struct Metrics {
     queue_messages: Family<QueueLabels, Gauge>,
     drift_repairs: Family<PipelineLabels, Counter>,
     rabbitmq_writes: Family<PipelineLabels, Counter>,
+    pipeline_ready: Family<PipelineLabels, Gauge>,
     leader: Gauge,
 }
 
@@ -79,6 +80,7 @@ impl Metrics {
             queue_messages: Family::default(),
             drift_repairs: Family::default(),
             rabbitmq_writes: Family::default(),
+            pipeline_ready: Family::default(),
             leader: Gauge::default(),
         };
         let registry = registry.sub_registry_with_prefix("mailer_controller");
@@ -106,6 +108,11 @@ impl Metrics {
             "rabbitmq_writes",
             "Writing requests made to RabbitMQ's management API for each pipeline; flat while everything is in sync",
             metrics.rabbitmq_writes.clone(),
+        );
+        registry.register(
+            "pipeline_ready",
+            "1 while the pipeline's Ready condition is True, else 0",
+            metrics.pipeline_ready.clone(),
         );
         registry.register(
             "leader",
@@ -160,6 +167,15 @@ impl Metrics {
             .inc_by(u64::try_from(writes).unwrap_or(u64::MAX));
     }
 
+    pub fn set_ready(&self, namespace: &str, pipeline: &str, ready: bool) {
+        self.pipeline_ready
+            .get_or_create(&PipelineLabels {
+                namespace: namespace.to_string(),
+                pipeline: pipeline.to_string(),
+            })
+            .set(i64::from(ready));
+    }
+
     /// Drops a deleted pipeline's series, so they do not linger at their last value.
     pub fn forget(&self, namespace: &str, pipeline: &str) {
         for queue in [QueueRole::Send, QueueRole::Retry, QueueRole::Dead] {
@@ -175,6 +191,7 @@ impl Metrics {
         };
         self.drift_repairs.remove(&labels);
         self.rabbitmq_writes.remove(&labels);
+        self.pipeline_ready.remove(&labels);
     }
 
     pub fn set_leader(&self, leading: bool) {
@@ -202,6 +219,8 @@ mod tests {
         metrics.drift_repaired("prod", "shop");
         metrics.rabbitmq_written("prod", "shop", 3);
         metrics.set_leader(true);
+        metrics.set_ready("prod", "shop", true);
+        metrics.set_ready("prod", "mail", false);
         let out = text(&registry);
         for line in [
             r#"mailer_controller_reconciles_total{result="success",category="none"} 1"#,
@@ -210,11 +229,15 @@ mod tests {
             r#"mailer_controller_drift_repairs_total{namespace="prod",pipeline="shop"} 1"#,
             r#"mailer_controller_rabbitmq_writes_total{namespace="prod",pipeline="shop"} 3"#,
             "mailer_controller_leader 1",
+            r#"mailer_controller_pipeline_ready{namespace="prod",pipeline="shop"} 1"#,
+            r#"mailer_controller_pipeline_ready{namespace="prod",pipeline="mail"} 0"#,
             "mailer_controller_reconcile_duration_seconds_bucket",
         ] {
             assert!(out.contains(line), "{line} missing from\n{out}");
         }
         metrics.forget("prod", "shop");
-        assert!(!text(&registry).contains(r#"pipeline="shop",queue"#));
+        let out = text(&registry);
+        assert!(!out.contains(r#"pipeline="shop",queue"#));
+        assert!(!out.contains(r#"pipeline_ready{namespace="prod",pipeline="shop"}"#));
     }
 }

@@ -16,7 +16,7 @@ use super::error::Error;
 use super::metrics::QueueRole;
 use super::reasons::event;
 use super::status::{Findings, TopologyOutcome, dead_letters_added, desired_status};
-use crate::spec::{MailerPipeline, MailerPipelineStatus, TOPOLOGY_READY};
+use crate::spec::{MailerPipeline, MailerPipelineStatus, READY, TOPOLOGY_READY};
 
 /// Writes the status `outcome` calls for, sets the gauges and publishes the events.
 /// `live` is the worker Deployment as read before converging.
@@ -72,6 +72,8 @@ pub async fn report(
             .await
             .map_err(|e| Error::kube("write the status", e))?;
     }
+    let ready = status.condition(READY).is_some_and(|c| c.status == "True");
+    ctx.metrics.set_ready(&namespace, &name, ready);
     if let Ok(done) = outcome {
         ctx.metrics
             .rabbitmq_written(&namespace, &name, done.applied.rabbitmq_writes);

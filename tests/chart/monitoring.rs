@@ -131,9 +131,6 @@ fn known_series() -> BTreeSet<String> {
         .collect();
     known.extend(
         [
-            // 1 while a pipeline's Ready condition is True: the controller exports it
-            // from issue 11 on (tests/operations.rs holds the runbook to the registry).
-            "mailer_controller_pipeline_ready",
             // kube-state-metrics
             "kube_deployment_spec_replicas",
             "kube_deployment_status_replicas_ready",

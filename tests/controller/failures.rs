@@ -103,6 +103,9 @@ async fn a_missing_secret_key_is_reported_once_and_waits_for_a_change() {
     assert!(h.metrics().contains(
         r#"mailer_controller_reconciles_total{result="error",category="missing-secret-key"} 2"#
     ));
+    assert!(h.metrics().contains(&format!(
+        "mailer_controller_pipeline_ready{{namespace=\"{NS}\",pipeline=\"shop\"}} 0"
+    )));
 }
 
 #[tokio::test]

@@ -137,6 +137,9 @@ async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
     assert_eq!(writes(&requests), [format!("PATCH {status_path}")]);
     let status = &write_to(&requests, "PATCH", &status_path).body["status"];
     assert_eq!(condition(status, "Ready")["status"], "True");
+    assert!(h.metrics().contains(&format!(
+        "mailer_controller_pipeline_ready{{namespace=\"{NS}\",pipeline=\"{name}\"}} 1"
+    )));
 
     // In sync: no write to Kubernetes, and none to RabbitMQ.
     let rabbitmq_writes = || {
