@@ -18,6 +18,21 @@ pub fn truncate(text: &str, max: usize) -> Cow<'_, str> {
     }
 }
 
+/// `text` cut to at most `max` bytes at a character boundary, ending in `...` when
+/// something was cut: for limits the Kubernetes API counts in bytes (an event's note
+/// may hold at most 1 kB, a condition's message 32 kB).
+pub fn truncate_bytes(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max.saturating_sub(3);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str("...");
+    }
+    text
+}
+
 /// At most `max` characters of `text`: its start and its end, with `…` between when
 /// something was cut (an error's cause is often at its end).
 pub fn truncate_middle(text: &str, max: usize) -> Cow<'_, str> {
@@ -35,6 +50,13 @@ pub fn truncate_middle(text: &str, max: usize) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_limits_cut_at_a_character_boundary() {
+        let cut = truncate_bytes("é".repeat(600), 1000);
+        assert!(cut.len() <= 1000 && cut.ends_with("..."));
+        assert_eq!(truncate_bytes("short".into(), 1000), "short");
+    }
 
     #[test]
     fn long_text_is_cut_with_an_ellipsis_counted_in() {

@@ -14,6 +14,7 @@ use kube::runtime::reflector::Store;
 use super::meta::FIELD_MANAGER;
 use super::metrics::Metrics;
 use crate::spec::MailerPipeline;
+use crate::text::truncate_bytes;
 
 /// The first delay after a transient failure; it doubles with each failure in a row.
 pub const FIRST_BACKOFF: Duration = Duration::from_secs(5);
@@ -156,7 +157,7 @@ impl Context {
         let event = Event {
             type_,
             reason: reason.to_string(),
-            note: Some(truncate(note, 1000)),
+            note: Some(truncate_bytes(note, 1000)),
             action: action.to_string(),
             secondary: None,
         };
@@ -197,20 +198,6 @@ pub fn backoff_after(failures: u32) -> Duration {
         .min(MAX_BACKOFF)
 }
 
-/// `text` cut to at most `max` bytes at a character boundary (an event's note may hold
-/// at most 1 kB, a condition's message 32 kB).
-pub fn truncate(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut end = max.saturating_sub(3);
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-        text.push_str("...");
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,12 +219,5 @@ mod tests {
         assert!(due(&last, "prod/a", Duration::ZERO), "a zero interval");
         lock(&last).insert("prod/c".into(), Instant::now() - minute);
         assert!(due(&last, "prod/c", minute), "once the interval passed");
-    }
-
-    #[test]
-    fn long_notes_are_cut_at_a_character_boundary() {
-        let cut = truncate("é".repeat(600), 1000);
-        assert!(cut.len() <= 1000 && cut.ends_with("..."));
-        assert_eq!(truncate("short".into(), 1000), "short");
     }
 }

@@ -8,11 +8,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::autoscaling::{Autoscaling, INSTALL_KEDA, KEDA_GROUP_VERSION};
-use super::context::truncate;
 use super::reasons;
 use crate::spec::{
     MailerPipelineStatus, QueueDepths, READY, TOPOLOGY_READY, WORKER_READY, WorkerCounts,
 };
+use crate::text::truncate_bytes;
 
 /// The longest condition message written; a list of conflicts could otherwise exceed
 /// what the API server accepts and make every status write fail.
@@ -146,7 +146,7 @@ pub fn desired_status(
             type_: type_.to_string(),
             status: status.to_string(),
             reason,
-            message: truncate(message, MAX_MESSAGE_BYTES),
+            message: truncate_bytes(message, MAX_MESSAGE_BYTES),
             observed_generation: findings.generation,
             last_transition_time: since,
         }
