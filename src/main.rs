@@ -35,24 +35,7 @@ enum Command {
     Worker(WorkerArgs),
     /// Apply a pipeline's topology and run a worker for it in this process: the whole
     /// pipeline without Kubernetes.
-    Run {
-        /// A YAML file with one MailerPipeline.
-        #[arg(short = 'f', long = "file")]
-        file: String,
-        /// The management API, e.g. http://user:password@localhost:15672.
-        #[arg(long, env = "RABBITMQ_MANAGEMENT_URL", hide_env_values = true)]
-        management_url: String,
-        /// The broker, e.g. amqp://user:password@localhost:5672; the pipeline's vhost is
-        /// used whatever this URL names.
-        #[arg(long, env = "MAIL_AMQP_URL", hide_env_values = true)]
-        amqp_url: String,
-        /// Where mail goes: smtp://…, smtps://…, file:///dir or discard://
-        #[arg(long, env = "MAIL_PROVIDER_URL", hide_env_values = true)]
-        provider_url: String,
-        /// Where /metrics, /livez and /readyz are served.
-        #[arg(long, env = "MAIL_HTTP_ADDR", default_value = "127.0.0.1:8080")]
-        http_addr: std::net::SocketAddr,
-    },
+    Run(cli::worker::RunArgs),
     /// Publish one mail request, for trying the pipeline by hand.
     Send(cli::worker::SendArgs),
     /// List, inspect, replay and purge a pipeline's dead letters, losing none.
@@ -102,7 +85,7 @@ async fn main() -> ExitCode {
         }
     };
     let default_level = match cli.command {
-        Command::Worker(_) | Command::Run { .. } | Command::Controller(_) => "info,lapin=off",
+        Command::Worker(_) | Command::Run(_) | Command::Controller(_) => "info,lapin=off",
         _ => "warn,lapin=off",
     };
     telemetry::init_logging(default_level, cli.log_format);
@@ -149,13 +132,7 @@ async fn main() -> ExitCode {
             }
         },
         Command::Worker(args) => cli::worker::worker(args).await,
-        Command::Run {
-            file,
-            management_url,
-            amqp_url,
-            provider_url,
-            http_addr,
-        } => cli::worker::run(&file, &management_url, &amqp_url, &provider_url, http_addr).await,
+        Command::Run(args) => cli::worker::run(args).await,
         Command::Send(args) => cli::worker::send(args).await,
         Command::Dead(args) => cli::dead::run(args).await,
         Command::RequestSchema => {

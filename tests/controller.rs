@@ -38,6 +38,8 @@ mod ownership;
 mod phases;
 #[path = "controller/process.rs"]
 mod process;
+#[path = "controller/provider_ca.rs"]
+mod provider_ca;
 #[path = "controller/running.rs"]
 mod running;
 #[path = "controller/status.rs"]

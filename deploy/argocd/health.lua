@@ -23,6 +23,7 @@ local needs_a_person = {
   InvalidSpec = true,
   MissingSecret = true,
   MissingSecretKey = true,
+  InvalidSecretValue = true,     -- e.g. a provider CA that is not a PEM certificate
   BadEndpoint = true,
   Unauthorized = true,
   Forbidden = true,

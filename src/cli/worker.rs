@@ -2,6 +2,7 @@
 //! calls of [`crate::worker`] and [`crate::message`].
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -17,17 +18,42 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
     crate::worker::serve(worker, http_addr).await
 }
 
+/// `mailer run`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// A YAML file with one MailerPipeline.
+    #[arg(short = 'f', long = "file")]
+    pub file: String,
+    /// The management API, e.g. http://user:password@localhost:15672.
+    #[arg(long, env = "RABBITMQ_MANAGEMENT_URL", hide_env_values = true)]
+    pub management_url: String,
+    /// The broker, e.g. amqp://user:password@localhost:5672; the pipeline's vhost is
+    /// used whatever this URL names.
+    #[arg(long, env = "MAIL_AMQP_URL", hide_env_values = true)]
+    pub amqp_url: String,
+    /// Where mail goes: smtp://…, smtps://…, file:///dir or discard://
+    #[arg(long, env = "MAIL_PROVIDER_URL", hide_env_values = true)]
+    pub provider_url: String,
+    /// A CA certificate (PEM) to trust, besides the public ones, for TLS to the provider,
+    /// e.g. an internal relay's.
+    #[arg(long, env = "MAIL_PROVIDER_CA_FILE")]
+    pub provider_ca_file: Option<PathBuf>,
+    /// Where /metrics, /livez and /readyz are served.
+    #[arg(long, env = "MAIL_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    pub http_addr: SocketAddr,
+}
+
 /// `mailer run`: apply a pipeline's topology, then run a worker for it in this process.
-pub async fn run(
-    file: &str,
-    management_url: &str,
-    amqp_url: &str,
-    provider_url: &str,
-    http_addr: SocketAddr,
-) -> Result<()> {
-    let worker =
-        crate::worker::standalone::prepare(file, management_url, amqp_url, provider_url).await?;
-    crate::worker::serve(worker, http_addr).await
+pub async fn run(args: RunArgs) -> Result<()> {
+    let worker = crate::worker::standalone::prepare(
+        &args.file,
+        &args.management_url,
+        &args.amqp_url,
+        &args.provider_url,
+        args.provider_ca_file.as_deref(),
+    )
+    .await?;
+    crate::worker::serve(worker, args.http_addr).await
 }
 
 /// `mailer send`: one mail request, from flags or as a JSON body.

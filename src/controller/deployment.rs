@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath,
     PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector,
-    SecurityContext,
+    SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -32,6 +32,11 @@ pub const WORKER_UID: i64 = 65532;
 pub const WORKER_HTTP_ADDR: &str = "0.0.0.0:8080";
 const WORKER_HTTP_PORT: i32 = 8080;
 const CONTAINER_NAME: &str = "worker";
+/// The volume with `spec.worker.provider.caSecretKeyRef`'s CA, where it is mounted, and
+/// the file the worker reads (`MAIL_PROVIDER_CA_FILE`).
+const PROVIDER_CA_VOLUME: &str = "provider-ca";
+const PROVIDER_CA_DIR: &str = "/etc/mailer/provider-ca";
+const PROVIDER_CA_FILE: &str = "ca.pem";
 
 /// What the Deployment needs besides the pipeline.
 #[derive(Debug, Clone, Copy)]
@@ -109,6 +114,43 @@ pub fn desired_deployment(
         plain_env("MIMALLOC_ALLOW_THP", "0".to_string()),
     ]);
 
+    let provider_ca = worker
+        .provider
+        .as_ref()
+        .and_then(|provider| provider.ca_secret_key_ref.as_ref());
+    if provider_ca.is_some() {
+        env.push(plain_env(
+            "MAIL_PROVIDER_CA_FILE",
+            format!("{PROVIDER_CA_DIR}/{PROVIDER_CA_FILE}"),
+        ));
+    }
+    // Only the one key is projected, read-only. World-readable: the worker's user owns
+    // no group of the volume (no fsGroup), and a CA certificate is no secret.
+    let volumes = provider_ca.map(|ca| {
+        vec![Volume {
+            name: PROVIDER_CA_VOLUME.to_string(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(ca.name.clone()),
+                items: Some(vec![KeyToPath {
+                    key: ca.key.clone(),
+                    path: PROVIDER_CA_FILE.to_string(),
+                    mode: None,
+                }]),
+                default_mode: Some(0o444),
+                optional: Some(false),
+            }),
+            ..Volume::default()
+        }]
+    });
+    let volume_mounts = provider_ca.map(|_| {
+        vec![VolumeMount {
+            name: PROVIDER_CA_VOLUME.to_string(),
+            mount_path: PROVIDER_CA_DIR.to_string(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        }]
+    });
+
     let probe = |path: &str, period: i32, failures: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.to_string()),
@@ -130,6 +172,7 @@ pub fn desired_deployment(
         image_pull_policy: worker.image_pull_policy.map(|p| p.as_str().to_string()),
         args: Some(vec!["worker".to_string()]),
         env: Some(env),
+        volume_mounts,
         ports: Some(vec![ContainerPort {
             name: Some("http".to_string()),
             container_port: WORKER_HTTP_PORT,
@@ -166,6 +209,7 @@ pub fn desired_deployment(
         }),
         spec: Some(PodSpec {
             containers: vec![container],
+            volumes,
             service_account_name: worker.service_account_name.clone(),
             node_selector: worker.node_selector.clone(),
             tolerations: worker.tolerations.clone(),
@@ -330,6 +374,37 @@ mod tests {
                 ("MIMALLOC_ALLOW_THP".to_string(), json!("0")),
             ]
         );
+    }
+
+    #[test]
+    fn a_provider_ca_is_mounted_read_only_and_named_to_the_worker() {
+        let without = deployment("worker: {provider: {urlSecretKeyRef: {name: smtp, key: url}}}");
+        assert!(without["spec"]["template"]["spec"].get("volumes").is_none());
+        assert!(
+            !env(&without)
+                .iter()
+                .any(|(name, _)| name == "MAIL_PROVIDER_CA_FILE")
+        );
+
+        let d = deployment(
+            "worker: {provider: {urlSecretKeyRef: {name: smtp, key: url}, \
+             caSecretKeyRef: {name: relay-tls, key: ca.crt}}}",
+        );
+        let pod = &d["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["volumes"],
+            json!([{"name": "provider-ca", "secret": {"secretName": "relay-tls",
+                    "items": [{"key": "ca.crt", "path": "ca.pem"}],
+                    "defaultMode": 0o444, "optional": false}}])
+        );
+        assert_eq!(
+            pod["containers"][0]["volumeMounts"],
+            json!([{"name": "provider-ca", "mountPath": "/etc/mailer/provider-ca", "readOnly": true}])
+        );
+        assert!(env(&d).contains(&(
+            "MAIL_PROVIDER_CA_FILE".to_string(),
+            json!("/etc/mailer/provider-ca/ca.pem")
+        )));
     }
 
     #[test]

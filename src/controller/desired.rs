@@ -46,6 +46,7 @@ pub fn desired(
     let worker_secret = worker_user::desired_secret(valid.pipeline, credentials, &amqp_url)?;
     let mut read_by_workers = vec![&worker_secret];
     read_by_workers.extend(resolved.secret(SecretRole::Provider));
+    read_by_workers.extend(resolved.secret(SecretRole::ProviderCa));
     let hash = secrets_hash(&read_by_workers);
     let inputs = WorkerInputs {
         default_image: &settings.worker_image,

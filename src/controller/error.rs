@@ -24,6 +24,14 @@ pub enum Error {
         /// What the key should hold, e.g. "the provider URL".
         what: String,
     },
+    #[error("Secret {namespace}/{name}, key {key:?}: {problem}")]
+    InvalidSecretValue {
+        namespace: String,
+        name: String,
+        key: String,
+        /// What is wrong with the value and what to put there instead.
+        problem: String,
+    },
     #[error("RabbitmqCluster {namespace}/{name}: {problem}")]
     Cluster {
         namespace: String,
@@ -92,6 +100,7 @@ pub const CATEGORIES: &[&str] = &[
     "invalid-spec",
     "missing-secret",
     "missing-secret-key",
+    "invalid-secret-value",
     "cluster",
     "not-allowed",
     "bad-endpoint",
@@ -119,6 +128,7 @@ impl Error {
             Self::InvalidSpec(_) => "invalid-spec",
             Self::MissingSecret { .. } => "missing-secret",
             Self::MissingSecretKey { .. } => "missing-secret-key",
+            Self::InvalidSecretValue { .. } => "invalid-secret-value",
             Self::Cluster { .. } => "cluster",
             Self::NotAllowed { .. } => "not-allowed",
             Self::NotOurs { .. } | Self::Owned { .. } | Self::Collision { .. } => "conflict",
@@ -170,6 +180,7 @@ impl Error {
             Self::InvalidSpec(_)
             | Self::MissingSecret { .. }
             | Self::MissingSecretKey { .. }
+            | Self::InvalidSecretValue { .. }
             | Self::NotAllowed { .. }
             | Self::NotOurs { .. }
             | Self::Owned { .. }

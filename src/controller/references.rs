@@ -18,6 +18,9 @@ pub enum SecretRole {
     Provider,
     /// `spec.worker.userSecret`: the workers' own RabbitMQ user.
     WorkerUser,
+    /// `spec.worker.provider.caSecretKeyRef`: a CA the workers trust for TLS to the
+    /// provider.
+    ProviderCa,
 }
 
 impl SecretRole {
@@ -32,6 +35,9 @@ impl SecretRole {
             }
             Self::Provider => "the provider URL (smtp://, smtps://, file:// or discard://)",
             Self::WorkerUser => "the keys username and password of the workers' RabbitMQ user",
+            Self::ProviderCa => {
+                "the CA certificate (PEM, -----BEGIN CERTIFICATE-----) the provider's certificate chains to"
+            }
         }
     }
 }
@@ -65,6 +71,9 @@ pub fn secrets_read(pipeline: &MailerPipeline) -> Vec<SecretRead> {
     if let Some(provider) = &spec.worker.provider {
         let name = &provider.url_secret_key_ref.name;
         reads.push(read(&own, name, SecretRole::Provider));
+        if let Some(ca) = &provider.ca_secret_key_ref {
+            reads.push(read(&own, &ca.name, SecretRole::ProviderCa));
+        }
     }
     if let Some(user) = &spec.worker.user_secret {
         reads.push(read(&own, &user.name, SecretRole::WorkerUser));

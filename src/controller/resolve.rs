@@ -28,7 +28,8 @@ pub struct ResolvedBroker {
 pub struct Resolved {
     /// `None` when the spec names no broker (the validate phase says so).
     pub broker: Option<ResolvedBroker>,
-    /// The Secrets the spec names for the workers, by role (`Provider`, `WorkerUser`).
+    /// The Secrets the spec names for the workers, by role (`Provider`, `ProviderCa`,
+    /// `WorkerUser`).
     secrets: BTreeMap<SecretRole, Secret>,
     /// The Secret the pipeline owns with the workers' user and URL, as it is now.
     pub worker_secret: Option<Secret>,
@@ -68,7 +69,10 @@ pub async fn resolve(
     let mut secrets = BTreeMap::new();
     for read in secrets_read(pipeline) {
         // The broker's Secrets were read with it, above.
-        if matches!(read.role, SecretRole::Provider | SecretRole::WorkerUser) {
+        if matches!(
+            read.role,
+            SecretRole::Provider | SecretRole::ProviderCa | SecretRole::WorkerUser
+        ) {
             let secret =
                 get_secret(client, &read.namespace, &read.name, read.role.wanted()).await?;
             secrets.insert(read.role, secret);

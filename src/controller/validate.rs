@@ -11,6 +11,9 @@ use super::ssa::ensure_ours;
 use super::worker_user::{self, PASSWORD_KEY, USERNAME_KEY, WorkerCredentials};
 use crate::spec::{MailerPipeline, MailerPipelineSpec};
 
+/// What a PEM certificate begins with.
+const PEM_CERTIFICATE: &str = "-----BEGIN CERTIFICATE-----";
+
 /// A pipeline whose spec and referenced Secrets passed every check.
 pub struct Validated<'a> {
     pub pipeline: &'a MailerPipeline,
@@ -49,6 +52,24 @@ pub fn validate<'a>(
     {
         let key = &provider.url_secret_key_ref.key;
         required_key(secret, &namespace, key, SecretRole::Provider.wanted())?;
+    }
+    let ca = spec
+        .worker
+        .provider
+        .as_ref()
+        .and_then(|p| p.ca_secret_key_ref.as_ref());
+    if let (Some(ca), Some(secret)) = (ca, resolved.secret(SecretRole::ProviderCa)) {
+        let pem = required_key(secret, &namespace, &ca.key, SecretRole::ProviderCa.wanted())?;
+        if !pem.contains(PEM_CERTIFICATE) {
+            return Err(Error::InvalidSecretValue {
+                namespace,
+                name: ca.name.clone(),
+                key: ca.key.clone(),
+                problem: format!(
+                    "it holds no PEM certificate ({PEM_CERTIFICATE}); put the CA certificate the provider's certificate chains to there"
+                ),
+            });
+        }
     }
     let credentials = match resolved.secret(SecretRole::WorkerUser) {
         Some(secret) => {

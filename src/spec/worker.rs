@@ -162,6 +162,12 @@ pub struct ProviderSpec {
     /// The Secret key that holds the provider URL (`smtp://`, `smtps://`, `file://` or
     /// `discard://`).
     pub url_secret_key_ref: SecretKeySelector,
+    /// A CA certificate (PEM) the workers trust for TLS to the provider, besides the
+    /// public CAs: a key of a Secret in the pipeline's namespace, e.g. the `ca.crt` of a
+    /// cert-manager certificate, for an internal relay. Mounted read-only into the
+    /// workers; changing it rolls them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_key_ref: Option<SecretKeySelector>,
 }
 
 /// One key of a Secret in the pipeline's namespace.

@@ -15,6 +15,7 @@ pub async fn prepare(
     management_url: &str,
     amqp_url: &str,
     provider_url: &str,
+    provider_ca_file: Option<&std::path::Path>,
 ) -> Result<Worker> {
     let manifest = manifest::read(file)?;
     let [pipeline] = manifest.pipelines.as_slice() else {
@@ -46,7 +47,7 @@ pub async fn prepare(
     Ok(Worker {
         user: amqp_user(&amqp_url)?,
         amqp_url,
-        provider: crate::provider::from_url(provider_url)?,
+        provider: crate::provider::from_url_with(provider_url, provider_ca_file)?,
         max_attempts: spec.worker.max_attempts,
         prefetch: spec.worker.prefetch,
         queue: t.queue.clone(),

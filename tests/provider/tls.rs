@@ -3,47 +3,14 @@
 //! through `MAIL_PROVIDER_CA_FILE`; and what the worker says about a certificate it
 //! cannot trust.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::Arc;
 
 use mailer::provider::{self, ErrorClass, Provider};
 
 use crate::mail;
-use crate::support::smtp::{SmtpServer, TempDir};
-
-/// A CA and certificates made for this test (removed with the directory).
-struct TestCa(TempDir);
-
-impl TestCa {
-    fn new() -> Self {
-        let dir = TempDir::new("ca");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/test_ca.py");
-        let status = Command::new("python3")
-            .arg(script)
-            .arg(&dir.0)
-            .status()
-            .expect("python3 runs tests/test_ca.py");
-        assert!(
-            status.success(),
-            "tests/test_ca.py needs Python's cryptography"
-        );
-        Self(dir)
-    }
-
-    fn file(&self, name: &str) -> PathBuf {
-        self.0.0.join(name)
-    }
-
-    /// A server speaking TLS (`starttls` or `implicit`) with the certificate `leaf`.
-    fn server(&self, mode: &str, leaf: &str) -> SmtpServer {
-        let (cert, key) = (
-            self.file(&format!("{leaf}.pem")),
-            self.file(&format!("{leaf}.key")),
-        );
-        SmtpServer::start_tls([Path::new(mode), &cert, &key])
-    }
-}
+use crate::support::smtp::TempDir;
+use crate::support::tls::TestCa;
 
 fn provider(url: &str, ca: Option<&Path>) -> Arc<dyn Provider> {
     provider::from_url_with(url, ca).expect("a valid provider")

@@ -6,3 +6,4 @@ pub mod metrics;
 pub mod process;
 pub mod provider;
 pub mod smtp;
+pub mod tls;
