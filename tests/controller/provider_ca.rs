@@ -20,7 +20,7 @@ async fn the_workers_trust_the_relays_ca_and_a_new_ca_rolls_them() {
     let user = worker_user(&name);
     let _users = UserCleanup(vec![user.clone()]);
     connection_secret(&h, &secret_uri());
-    let ca = TestCa::new();
+    let ca = TestCa::generate();
     // smtp:// requires STARTTLS: without the CA the worker could not trust this relay.
     let relay = ca.server("starttls", "server");
     h.seed_secret(

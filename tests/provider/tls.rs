@@ -18,7 +18,7 @@ fn provider(url: &str, ca: Option<&Path>) -> Arc<dyn Provider> {
 
 #[tokio::test]
 async fn starttls_and_implicit_tls_deliver_with_the_relays_ca() {
-    let ca = TestCa::new();
+    let ca = TestCa::generate();
     let ca_file = ca.file("ca.pem");
     for (mode, scheme) in [("starttls", "smtp"), ("implicit", "smtps")] {
         let server = ca.server(mode, "server");
@@ -34,7 +34,7 @@ async fn starttls_and_implicit_tls_deliver_with_the_relays_ca() {
 
 #[tokio::test]
 async fn a_certificate_the_worker_cannot_trust_fails_for_now_saying_what_to_fix() {
-    let ca = TestCa::new();
+    let ca = TestCa::generate();
     let ca_file = ca.file("ca.pem");
     let cases = [
         ("server", None, "MAIL_PROVIDER_CA_FILE"),

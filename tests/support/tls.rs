@@ -11,7 +11,7 @@ use super::smtp::{SmtpServer, TempDir};
 pub struct TestCa(TempDir);
 
 impl TestCa {
-    pub fn new() -> Self {
+    pub fn generate() -> Self {
         let dir = TempDir::new("ca");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/test_ca.py");
         let status = Command::new("python3")
