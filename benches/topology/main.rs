@@ -7,11 +7,15 @@
 //!    as `mailer topology apply -f` does with a file of N pipelines: objects per second;
 //! 2. the second apply, with nothing to change: seconds, writes (0 is right) and requests
 //!    per pipeline; and one pipeline applied alone, in sync: its requests;
-//! 3. the broker's own bulk import of the same objects (`POST /api/definitions/<vhost>`)
-//!    into another fresh vhost: objects per second, and the first apply's rate over it.
+//! 3. the first apply again, into another fresh vhost, with the exchanges, queues and
+//!    bindings declared over AMQP (`topology::apply_all_declaring`, as `mailer topology
+//!    apply --amqp-url` does): objects per second, and a second apply through the
+//!    management API that must find nothing to change;
+//! 4. the broker's own bulk import of the same objects (`POST /api/definitions/<vhost>`)
+//!    into another fresh vhost: objects per second, and each first apply's rate over it.
 //!
-//! Each round runs the first apply and the import back to back, the apply first in odd
-//! rounds and second in even ones; with several rounds it prints the median of each
+//! Each round runs the two first applies and the import back to back, the applies first
+//! in odd rounds and the import first in even ones; with several rounds it prints the median of each
 //! figure and of the rounds' ratios. Every vhost it makes is deleted at the end, also
 //! when it fails. It prints whether each target was met; it never fails on a figure, only
 //! when the broker does not work (or a second apply writes, which is a bug).
@@ -28,7 +32,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use mailer::topology::desired::POLICY_PRIORITY;
-use mailer::topology::{self, BrokerCapabilities, Management, ManagementEndpoint, Topology};
+use mailer::topology::{
+    self, AmqpDeclarer, BrokerCapabilities, Management, ManagementEndpoint, Topology,
+};
 use rabbitmq_http_client::api::Client;
 use rabbitmq_http_client::requests::VirtualHostParams;
 use serde_json::{Value, json};
@@ -44,6 +50,7 @@ struct Settings {
     counts: Vec<usize>,
     rounds: usize,
     management_port: u16,
+    amqp_port: u16,
 }
 
 impl Settings {
@@ -68,15 +75,16 @@ impl Settings {
                 .with_context(|| format!("MAILER_BENCH_TOPOLOGY_ROUNDS={v:?} is not a count"))?,
             Err(_) => 1,
         };
-        let management_port = match std::env::var("MAILER_BENCH_BROKER").as_deref() {
-            Err(_) | Ok("3.10") => 15672,
-            Ok("4.0") => 15673,
+        let (management_port, amqp_port) = match std::env::var("MAILER_BENCH_BROKER").as_deref() {
+            Err(_) | Ok("3.10") => (15672, 5672),
+            Ok("4.0") => (15673, 5673),
             Ok(other) => bail!("MAILER_BENCH_BROKER={other:?}: use 3.10 or 4.0"),
         };
         Ok(Self {
             counts,
             rounds,
             management_port,
+            amqp_port,
         })
     }
 }
@@ -149,12 +157,18 @@ struct Round {
     second_writes: usize,
     second_requests: usize,
     alone_requests: usize,
+    /// The first apply with exchanges, queues and bindings declared over AMQP.
+    declared_apply: Duration,
     import: Duration,
 }
 
 impl Round {
     fn first_rate(&self, objects: usize) -> f64 {
         objects as f64 / self.first_apply.as_secs_f64()
+    }
+
+    fn declared_rate(&self, objects: usize) -> f64 {
+        objects as f64 / self.declared_apply.as_secs_f64()
     }
 
     fn import_rate(&self, objects: usize) -> f64 {
@@ -174,6 +188,16 @@ async fn main() -> Result<()> {
         .await
         .with_context(|| format!("no RabbitMQ management API at 127.0.0.1:{port}"))?;
     let capabilities = Management::new(&endpoint)?.capabilities().await?;
+    let declarer = AmqpDeclarer::new(&format!(
+        "amqp://guest:guest@127.0.0.1:{}",
+        settings.amqp_port
+    ))?;
+    let contenders = Contenders {
+        api_base: &api_base,
+        endpoint: &endpoint,
+        declarer: &declarer,
+        capabilities,
+    };
     println!(
         "topology benchmark: RabbitMQ {version} at 127.0.0.1:{port}; {} cores; load average {}",
         std::thread::available_parallelism().map_or(0, usize::from),
@@ -188,7 +212,7 @@ async fn main() -> Result<()> {
                 "\nN = {n} pipelines ({objects} objects), round {round} of {}",
                 settings.rounds
             );
-            let measured = run_round(&api_base, &endpoint, capabilities, n, round % 2 == 1).await?;
+            let measured = run_round(&contenders, n, round % 2 == 1).await?;
             print_round(&measured, n);
             rounds.push(measured);
         }
@@ -205,23 +229,57 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
-async fn run_round(
-    api_base: &str,
-    endpoint: &ManagementEndpoint,
+/// What each round compares, on one broker.
+struct Contenders<'a> {
+    api_base: &'a str,
+    endpoint: &'a ManagementEndpoint,
+    declarer: &'a AmqpDeclarer,
     capabilities: BrokerCapabilities,
-    n: usize,
-    apply_first: bool,
-) -> Result<Round> {
-    // One vhost at a time: each is deleted before the other is made, so the broker never
-    // holds both sets of queues.
+}
+
+async fn run_round(c: &Contenders<'_>, n: usize, apply_first: bool) -> Result<Round> {
+    // One vhost at a time: each is deleted before the next is made, so the broker never
+    // holds two sets of queues.
+    let both_applies = async {
+        let applied = applies(c.api_base, c.endpoint, c.capabilities, n).await?;
+        let declared_apply = declared_apply(c, n).await?;
+        Ok::<_, anyhow::Error>(Round {
+            declared_apply,
+            ..applied
+        })
+    };
     let (applied, import) = if apply_first {
-        let applied = applies(api_base, endpoint, capabilities, n).await?;
-        (applied, import(api_base, n, capabilities).await?)
+        let applied = both_applies.await?;
+        (applied, import(c.api_base, n, c.capabilities).await?)
     } else {
-        let import = import(api_base, n, capabilities).await?;
-        (applies(api_base, endpoint, capabilities, n).await?, import)
+        let import = import(c.api_base, n, c.capabilities).await?;
+        (both_applies.await?, import)
     };
     Ok(Round { import, ..applied })
+}
+
+/// The first apply with exchanges, queues and bindings declared over AMQP, timed, in a
+/// vhost of its own; then checked by a second apply through the management API.
+async fn declared_apply(c: &Contenders<'_>, n: usize) -> Result<Duration> {
+    let vhost = BenchVhost::create(c.api_base, "declared", n).await?;
+    let topologies = many::topologies(&vhost.name, 0..n, c.capabilities);
+    let management = Management::new(c.endpoint)?;
+    let started = Instant::now();
+    let plans = topology::apply_all_declaring(&management, Some(c.declarer), &topologies).await?;
+    let took = started.elapsed();
+    let changes: usize = plans.iter().map(Vec::len).sum();
+    ensure!(
+        changes == n * OBJECTS_PER_PIPELINE,
+        "the first apply over AMQP made {changes} changes"
+    );
+    let check = Management::new(c.endpoint)?;
+    let plans = topology::apply_all(&check, &topologies).await?;
+    ensure!(
+        plans.iter().all(Vec::is_empty) && check.writes() == 0,
+        "after the first apply over AMQP, a second apply changed something"
+    );
+    drop(vhost);
+    Ok(took)
 }
 
 /// The first apply, the second and one pipeline alone, in a vhost of their own.
@@ -259,6 +317,7 @@ async fn applies(
         second_writes: second.writes(),
         second_requests: second.reads() + second.writes(),
         alone_requests: alone.reads() + alone.writes(),
+        declared_apply: Duration::ZERO,
         import: Duration::ZERO,
     })
 }
@@ -340,13 +399,19 @@ fn print_round(r: &Round, n: usize) {
         r.first_writes
     );
     println!(
+        "  first apply AMQP {objects} objects in {:.2} s = {:.0} objects/s (exchanges, queues, bindings declared over AMQP)",
+        r.declared_apply.as_secs_f64(),
+        r.declared_rate(objects)
+    );
+    println!(
         "  bulk import      {objects} objects in {:.2} s = {:.0} objects/s (POST /api/definitions/<vhost>)",
         r.import.as_secs_f64(),
         r.import_rate(objects)
     );
     println!(
-        "  apply/import     {:.2}",
-        r.first_rate(objects) / r.import_rate(objects)
+        "  apply/import     {:.2} (management API), {:.2} (over AMQP)",
+        r.first_rate(objects) / r.import_rate(objects),
+        r.declared_rate(objects) / r.import_rate(objects)
     );
     println!(
         "  second apply     {:.2} s, {} writes, {} requests = {:.2} per pipeline",
@@ -374,9 +439,10 @@ fn median(mut values: Vec<f64>) -> f64 {
 fn print_medians(rounds: &[Round], n: usize) {
     let objects = n * OBJECTS_PER_PIPELINE;
     println!(
-        "  median of {}: first apply {:.0} objects/s, import {:.0} objects/s, apply/import {:.2}, second apply {:.2} s",
+        "  median of {}: first apply {:.0} objects/s, over AMQP {:.0} objects/s, import {:.0} objects/s, apply/import {:.2}, second apply {:.2} s",
         rounds.len(),
         median(rounds.iter().map(|r| r.first_rate(objects)).collect()),
+        median(rounds.iter().map(|r| r.declared_rate(objects)).collect()),
         median(rounds.iter().map(|r| r.import_rate(objects)).collect()),
         median(
             rounds
@@ -398,6 +464,7 @@ fn judge(rounds: &[Round], n: usize) -> Vec<String> {
     let objects = n * OBJECTS_PER_PIPELINE;
     let met = |ok: bool| if ok { "met" } else { "NOT met" };
     let rate = median(rounds.iter().map(|r| r.first_rate(objects)).collect());
+    let declared = median(rounds.iter().map(|r| r.declared_rate(objects)).collect());
     let second = median(
         rounds
             .iter()
@@ -410,10 +477,16 @@ fn judge(rounds: &[Round], n: usize) -> Vec<String> {
         .map(|r| format!("{:.2}", r.second_requests as f64 / n as f64))
         .collect();
     let alone: Vec<usize> = rounds.iter().map(|r| r.alone_requests).collect();
-    let mut verdicts = vec![format!(
-        "N={n}: first apply {rate:.0} objects/s (target >= {FIRST_APPLY_TARGET:.0}): {}",
-        met(rate >= FIRST_APPLY_TARGET)
-    )];
+    let mut verdicts = vec![
+        format!(
+            "N={n}: first apply over AMQP (--amqp-url) {declared:.0} objects/s (target >= {FIRST_APPLY_TARGET:.0}): {}",
+            met(declared >= FIRST_APPLY_TARGET)
+        ),
+        format!(
+            "N={n}: first apply through the management API alone {rate:.0} objects/s (target >= {FIRST_APPLY_TARGET:.0}): {}",
+            met(rate >= FIRST_APPLY_TARGET)
+        ),
+    ];
     let second_verdict = if n == 200 {
         format!(
             " (target <= {} s with 0 writes): {}",

@@ -6,7 +6,7 @@ use crate::manifest::{self, display_name};
 use crate::spec::{DeletionPolicy, MailerPipeline};
 use crate::topology::live::{amqp_url_for, with_vhost};
 use crate::topology::reconcile::EmptinessCheck;
-use crate::topology::{self, Management, ManagementEndpoint, Topology};
+use crate::topology::{self, AmqpDeclarer, Management, ManagementEndpoint, Topology};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -16,6 +16,8 @@ pub enum Action {
 }
 
 /// Runs `action` on every pipeline of `file`, printing what it does to standard output.
+/// `amqp_url`: for `Apply`, where exchanges, queues and bindings are declared (else the
+/// management API); for `Delete`, where queues are counted live.
 pub async fn run(
     action: Action,
     file: &str,
@@ -47,7 +49,12 @@ pub async fn run(
         .collect::<Result<Vec<_>, _>>()?;
     let (prefix, plans) = match action {
         Action::Plan => ("would ", topology::plan_all(&management, &desired).await?),
-        Action::Apply => ("", topology::apply_all(&management, &desired).await?),
+        Action::Apply => {
+            let declarer = amqp_url.map(AmqpDeclarer::new).transpose()?;
+            let applied =
+                topology::apply_all_declaring(&management, declarer.as_ref(), &desired).await?;
+            ("", applied)
+        }
         Action::Delete { force } => {
             for (pipeline, desired) in manifest.pipelines.iter().zip(&desired) {
                 delete(&management, &endpoint, amqp_url, pipeline, desired, force).await?;

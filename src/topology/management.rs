@@ -205,7 +205,7 @@ impl Management {
     }
 
     /// Runs a writing request once fewer than [`MAX_IN_FLIGHT`] are under way.
-    async fn bounded_write<T>(&self, request: impl Future<Output = T>) -> T {
+    pub(super) async fn bounded_write<T>(&self, request: impl Future<Output = T>) -> T {
         let _permit = self.in_flight.acquire().await.ok();
         self.count_write();
         request.await

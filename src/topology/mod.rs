@@ -1,11 +1,14 @@
 //! The RabbitMQ side of a pipeline: the desired objects as a pure function of the spec
 //! and the broker's capabilities ([`desired`], [`broker`]), what the broker has of them
 //! ([`observe`]), the comparison of the two ([`diff`]), and applying or deleting through
-//! the management API ([`reconcile`]), one pipeline or a pass over many.
+//! the management API ([`reconcile`]), one pipeline or a pass over many; a first apply
+//! of many may declare exchanges, queues and bindings over AMQP instead ([`declare`]).
 
 pub mod broker;
+pub mod declare;
 pub mod desired;
 pub mod diff;
+pub mod import;
 pub mod live;
 pub mod management;
 pub mod observe;
@@ -15,11 +18,14 @@ pub mod snapshot;
 pub mod users;
 
 pub use broker::BrokerCapabilities;
+pub use declare::AmqpDeclarer;
 pub use desired::Topology;
 pub use diff::{Change, Conflict};
 pub use management::{MAX_IN_FLIGHT, Management, ManagementEndpoint, QueueDepth};
 pub use observe::READS_PER_PIPELINE;
-pub use reconcile::{DeleteReport, EmptinessCheck, apply, apply_all, delete, plan, plan_all};
+pub use reconcile::{
+    DeleteReport, EmptinessCheck, apply, apply_all, apply_all_declaring, delete, plan, plan_all,
+};
 pub use snapshot::DEFINITIONS_FROM;
 pub use users::{Permissions, UserChange, UserGrant};
 

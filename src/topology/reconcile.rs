@@ -14,7 +14,10 @@ use std::fmt;
 
 use futures::future::{join_all, try_join_all};
 
+use super::declare::AmqpDeclarer;
+use super::desired::Policy;
 use super::diff::{self, Change, Observed};
+use super::import::POLICY_IMPORT_FROM;
 use super::live::{LiveLoad, LiveQueues};
 use super::management::Management;
 use super::snapshot::{DEFINITIONS_FROM, Snapshot};
@@ -163,9 +166,21 @@ fn first_failure(
 /// it is given against every exchange and queue of the vhost: written among new
 /// exchanges and queues, each would cost more the more of them exist (with 1,000
 /// pipelines in one vhost, that step went at about 10 objects a second on RabbitMQ 4.0). A vhost several pipelines need is
-/// created once (see [`plan_all`]). The first failed write stops the pass.
+/// created once (see [`plan_all`]). Many policies of one vhost go in one definitions
+/// import ([`super::import`]). The first failed write stops the pass.
 pub async fn apply_all(
     management: &Management,
+    topologies: &[Topology],
+) -> Result<Vec<Vec<Change>>, TopologyError> {
+    apply_all_declaring(management, None, topologies).await
+}
+
+/// [`apply_all`], with the exchanges, queues and bindings declared over AMQP by
+/// `declarer` when there is one (see [`super::declare`]); the vhosts and policies, and
+/// every read, still go through the management API.
+pub async fn apply_all_declaring(
+    management: &Management,
+    declarer: Option<&AmqpDeclarer>,
     topologies: &[Topology],
 ) -> Result<Vec<Vec<Change>>, TopologyError> {
     let plans = plan_all(management, topologies).await?;
@@ -181,14 +196,81 @@ pub async fn apply_all(
             steps[step].push((topology.vhost.as_str(), change));
         }
     }
-    for step in steps {
-        try_join_all(
-            step.into_iter()
-                .map(|(vhost, change)| write_one(management, vhost, change)),
-        )
-        .await?;
+    let [vhosts, policies, exchanges_and_queues, bindings] = steps;
+    write_step(management, vhosts).await?;
+    // Connected before the next write, so a URL the broker refuses changes nothing more.
+    let declaring = match declarer {
+        Some(declarer) if !(exchanges_and_queues.is_empty() && bindings.is_empty()) => {
+            let vhosts: Vec<&str> = exchanges_and_queues
+                .iter()
+                .chain(&bindings)
+                .map(|(vhost, _)| *vhost)
+                .collect();
+            Some(declarer.open(&vhosts).await?)
+        }
+        _ => None,
+    };
+    let written = async {
+        write_policies(management, policies).await?;
+        for step in [exchanges_and_queues, bindings] {
+            match &declaring {
+                Some(declaring) => declaring.write_all(management, &step).await?,
+                None => write_step(management, step).await?,
+            }
+        }
+        Ok::<(), TopologyError>(())
     }
+    .await;
+    if let Some(declaring) = declaring {
+        declaring.close().await;
+    }
+    written?;
     Ok(plans)
+}
+
+/// Writes the policies of a step: a vhost with at least [`POLICY_IMPORT_FROM`] of them
+/// in one definitions import (when this user may import), the others one by one.
+async fn write_policies(
+    management: &Management,
+    step: Vec<(&str, &Change)>,
+) -> Result<(), TopologyError> {
+    let mut by_vhost: HashMap<&str, Vec<&Change>> = HashMap::new();
+    for (vhost, change) in &step {
+        by_vhost.entry(vhost).or_default().push(change);
+    }
+    let mut one_by_one = Vec::new();
+    for (vhost, changes) in by_vhost {
+        let policies: Vec<&Policy> = changes
+            .iter()
+            .filter_map(|change| match change {
+                Change::PutPolicy { policy, .. } => Some(policy),
+                _ => None,
+            })
+            .collect();
+        if policies.len() >= POLICY_IMPORT_FROM
+            && management.import_policies(vhost, &policies).await?
+        {
+            for change in changes {
+                tracing::info!(vhost = %vhost, change = %change, "topology changed");
+            }
+            continue;
+        }
+        one_by_one.extend(changes.into_iter().map(|change| (vhost, change)));
+    }
+    write_step(management, one_by_one).await
+}
+
+/// Writes one step's changes through the management API, as many at once as it allows.
+async fn write_step(
+    management: &Management,
+    step: Vec<(&str, &Change)>,
+) -> Result<(), TopologyError> {
+    try_join_all(
+        step.into_iter()
+            .map(|(vhost, change)| write_one(management, vhost, change)),
+    )
+    .await?;
+    Ok(())
 }
 
 async fn write_one(

@@ -6,11 +6,15 @@
 use std::time::{Duration, Instant};
 
 use lapin::options::QueueDeclareOptions;
-use mailer::topology::{self, DEFINITIONS_FROM, MAX_IN_FLIGHT, READS_PER_PIPELINE, TopologyError};
+use mailer::topology::{
+    self, AmqpDeclarer, DEFINITIONS_FROM, MAX_IN_FLIGHT, READS_PER_PIPELINE, TopologyError,
+};
+
+use mailer::topology::import::POLICY_IMPORT_FROM;
 
 use crate::many::{self, OBJECTS_PER_PIPELINE};
 use crate::proxy::{Proxy, Recorded};
-use crate::support::broker::{TestBroker, TestVhost, management, raw_api};
+use crate::support::broker::{TestBroker, TestVhost, amqp_base, management, raw_api};
 
 /// The requests of applying one pipeline in sync on its own: whether its vhost exists,
 /// then its own objects.
@@ -237,7 +241,19 @@ async fn the_cli_applies_a_file_of_many_pipelines_in_one_pass() {
     let url = crate::support::broker::management_url();
     let apply = || crate::mailer(&["topology", "apply", "-f", file, "--management-url", &url]);
 
-    let (code, out, err) = apply();
+    // The first declares exchanges, queues and bindings over AMQP; the second, through
+    // the management API alone, finds them as they should be.
+    let amqp = amqp_base();
+    let (code, out, err) = crate::mailer(&[
+        "topology",
+        "apply",
+        "-f",
+        file,
+        "--management-url",
+        &url,
+        "--amqp-url",
+        &amqp,
+    ]);
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(out.matches("create vhost").count(), 1, "{out}");
     for i in 0..3 {
@@ -254,4 +270,68 @@ async fn the_cli_applies_a_file_of_many_pipelines_in_one_pass() {
         3,
         "{out}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_over_amqp_a_first_apply_makes_the_same_objects_and_only_policies_go_over_http() {
+    let vhost = TestVhost::fresh("scale-amqp");
+    // 30 policies: imported in one request.
+    let pipelines = 10;
+    assert!(pipelines * 3 >= POLICY_IMPORT_FROM);
+    let all = many::topologies(&vhost.name, 0..pipelines, TestBroker::get().capabilities());
+    let proxy = Proxy::start(Duration::ZERO).await;
+
+    // A URL the broker refuses: only the vhost is written, and the password is not said.
+    let refused = AmqpDeclarer::new(&amqp_base().replace("guest@", "hunter2@")).unwrap();
+    let m = proxy.management();
+    let error = topology::apply_all_declaring(&m, Some(&refused), &all)
+        .await
+        .expect_err("the broker refuses the password");
+    let message = error.to_string();
+    assert!(
+        message.contains("open an AMQP connection to vhost"),
+        "{message}"
+    );
+    assert!(!message.contains("hunter2"), "{message}");
+    let kinds: Vec<String> = proxy
+        .take()
+        .iter()
+        .filter(|r| r.is_write())
+        .map(|r| r.kind().to_string())
+        .collect();
+    assert_eq!(kinds, ["vhosts", "permissions"]);
+
+    let declarer = AmqpDeclarer::new(&amqp_base()).unwrap();
+    let m = proxy.management();
+    let applied = topology::apply_all_declaring(&m, Some(&declarer), &all)
+        .await
+        .expect("apply");
+    assert_eq!(
+        applied.iter().map(Vec::len).sum::<usize>(),
+        pipelines * OBJECTS_PER_PIPELINE,
+        "every object (the vhost was made before): {applied:#?}"
+    );
+    assert_eq!(
+        m.writes(),
+        1 + pipelines * 9,
+        "one import, 9 declares a pipeline"
+    );
+    let http_writes: Vec<String> = proxy
+        .take()
+        .iter()
+        .filter(|r| r.is_write())
+        .map(|r| format!("{} {}", r.method, r.kind()))
+        .collect();
+    assert_eq!(
+        http_writes,
+        ["POST definitions"],
+        "the policies in one import; exchanges, queues and bindings over AMQP"
+    );
+
+    // The management API finds every object as the pipeline wants it (quorum queues,
+    // exchange kinds, bindings): nothing to change.
+    let m = proxy.management();
+    let plans = topology::apply_all(&m, &all).await.expect("second apply");
+    assert!(plans.iter().all(Vec::is_empty), "{plans:#?}");
+    assert_eq!(m.writes(), 0);
 }
