@@ -83,8 +83,55 @@ enum TopologyAction {
     },
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// Runs [`keep_off_huge_pages`] before anything else in the process: an `.init_array`
+/// entry runs before `main`, and one of priority 100 before mimalloc's own constructor
+/// (priority 101), which sets up its first arena; from `main` it came after 4 MiB of
+/// huge pages were already in place.
+#[cfg(target_os = "linux")]
+#[used]
+#[unsafe(link_section = ".init_array.00100")]
+static KEEP_OFF_HUGE_PAGES_FIRST: extern "C" fn() = {
+    extern "C" fn first() {
+        keep_off_huge_pages();
+    }
+    first
+};
+
+fn main() -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run())
+}
+
+/// Keeps this process's memory off transparent huge pages.
+///
+/// The process's allocator is mimalloc: `rbase64`, a dependency of the management API
+/// client, declares it as the `#[global_allocator]`. mimalloc asks the kernel for huge
+/// pages on its arenas (`madvise(MADV_HUGEPAGE)`), and where the host's THP mode is
+/// `madvise` (many distributions, and Kubernetes nodes) each touched part of an arena
+/// then takes 2 MiB: an idle worker kept 43 MiB resident instead of 33
+/// (docs/benchmarks.md). This does in the binary what `MIMALLOC_ALLOW_THP=0` did from the
+/// environment, for every way the binary is run. It only saves memory, so a kernel that
+/// refuses it changes nothing else.
+#[cfg(target_os = "linux")]
+fn keep_off_huge_pages() {
+    const DISABLE: libc::c_ulong = 1;
+    const UNUSED: libc::c_ulong = 0;
+    // SAFETY: PR_SET_THP_DISABLE sets a flag of this process; its arguments are integers
+    // and it reads or writes no memory of ours. It allocates nothing, so it may run before
+    // the allocator is set up.
+    let _ = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, DISABLE, UNUSED, UNUSED, UNUSED) };
+}
+
+async fn run() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => e.exit(),

@@ -44,7 +44,7 @@ async fn a_mail_is_delivered_with_its_headers_and_body() {
     });
     let mail = parse_request(request.to_string().as_bytes(), Some("order-1")).expect("valid");
 
-    server.provider("").send(&mail).await.expect("delivered");
+    server.provider("").send(mail).await.expect("delivered");
 
     let mails = server.mails();
     assert_eq!(mails.len(), 1, "one mail for all recipients");
@@ -70,7 +70,7 @@ async fn mails_reuse_one_connection() {
     let provider = server.provider("");
     for n in 1..=3 {
         provider
-            .send(&mail(&["a@example.com"], &format!("reuse-{n}")))
+            .send(mail(&["a@example.com"], &format!("reuse-{n}")))
             .await
             .expect("delivered");
     }
@@ -85,7 +85,7 @@ async fn concurrent_mails_open_no_more_connections_than_allowed() {
     let mails: Vec<Mail> = (0..6)
         .map(|n| mail(&["a@example.com"], &format!("concurrent-{n}")))
         .collect();
-    let sends = mails.iter().map(|mail| provider.send(mail));
+    let sends = mails.into_iter().map(|mail| provider.send(mail));
     for result in futures::future::join_all(sends).await {
         result.expect("delivered");
     }
@@ -99,7 +99,7 @@ async fn a_550_recipient_fails_for_good_with_the_reply() {
     let server = SmtpServer::start();
     let error = server
         .provider("")
-        .send(&mail(&["gone+550@example.com"], "refused-550"))
+        .send(mail(&["gone+550@example.com"], "refused-550"))
         .await
         .expect_err("refused");
     assert!(error.is_for_good(), "{error}");
@@ -115,7 +115,7 @@ async fn a_450_recipient_fails_for_now() {
     let server = SmtpServer::start();
     let error = server
         .provider("")
-        .send(&mail(&["busy+450@example.com"], "refused-450"))
+        .send(mail(&["busy+450@example.com"], "refused-450"))
         .await
         .expect_err("refused");
     assert!(!error.is_for_good(), "{error}");
@@ -132,7 +132,7 @@ async fn a_450_then_a_550_recipient_fails_for_good_and_sends_nothing() {
     let server = SmtpServer::start();
     let provider = server.provider("");
     let error = provider
-        .send(&mail(
+        .send(mail(
             &[
                 "ok@example.com",
                 "busy+450@example.com",
@@ -151,7 +151,7 @@ async fn a_450_then_a_550_recipient_fails_for_good_and_sends_nothing() {
 
     // The connection was reset, not lost: the next mail goes over it.
     provider
-        .send(&mail(&["ok@example.com"], "after-reset"))
+        .send(mail(&["ok@example.com"], "after-reset"))
         .await
         .expect("delivered");
     assert_eq!(server.mails().len(), 1);
@@ -172,7 +172,7 @@ async fn a_5xx_to_the_session_fails_for_now_so_a_misconfigured_relay_dead_letter
     ];
     for (from, class, reply) in cases {
         let error = provider
-            .send(&mail_from(from, &["ok@example.com"], "session"))
+            .send(mail_from(from, &["ok@example.com"], "session"))
             .await
             .expect_err("refused");
         assert!(!error.is_for_good(), "{error}");
@@ -187,7 +187,7 @@ async fn a_550_recipient_then_a_closing_server_fails_for_good() {
     let server = SmtpServer::start();
     let error = server
         .provider("")
-        .send(&mail(
+        .send(mail(
             &["gone+550@example.com", "later+421@example.com"],
             "closing",
         ))
@@ -211,7 +211,7 @@ async fn a_closed_port_fails_for_now() {
     ))
     .expect("valid");
     let error = provider
-        .send(&mail(&["a@example.com"], "nowhere"))
+        .send(mail(&["a@example.com"], "nowhere"))
         .await
         .expect_err("nothing listens");
     assert!(!error.is_for_good(), "{error}");
@@ -224,7 +224,7 @@ async fn a_server_without_starttls_is_refused_when_tls_is_required() {
     let server = SmtpServer::start();
     let provider = provider::from_url(&format!("smtp://127.0.0.1:{}", server.port)).expect("valid");
     let error = provider
-        .send(&mail(&["a@example.com"], "needs-tls"))
+        .send(mail(&["a@example.com"], "needs-tls"))
         .await
         .expect_err("no STARTTLS");
     assert!(!error.is_for_good(), "{error}");
@@ -243,13 +243,13 @@ async fn a_pooled_connection_the_server_dropped_is_replaced() {
     let server = SmtpServer::start();
     let provider = server.provider("");
     provider
-        .send(&mail(&["a@example.com"], "before-restart"))
+        .send(mail(&["a@example.com"], "before-restart"))
         .await
         .expect("delivered");
 
     let server = server.restart();
     provider
-        .send(&mail(&["a@example.com"], "after-restart"))
+        .send(mail(&["a@example.com"], "after-restart"))
         .await
         .expect("delivered over a new connection");
     let mails = server.mails();
@@ -264,7 +264,7 @@ async fn the_file_provider_writes_a_parseable_eml_named_after_the_message_id() {
     let url = url::Url::from_directory_path(&out).expect("an absolute path");
     let provider = provider::from_url(url.as_str()).expect("valid");
     provider
-        .send(&mail(&["a@example.com"], "order-7"))
+        .send(mail(&["a@example.com"], "order-7"))
         .await
         .expect("written");
 
@@ -300,7 +300,7 @@ async fn the_file_provider_writes_a_parseable_eml_named_after_the_message_id() {
 async fn the_discard_provider_accepts_every_mail() {
     let provider = provider::from_url("discard://").expect("valid");
     provider
-        .send(&mail(&["gone+550@example.com"], "dropped"))
+        .send(mail(&["gone+550@example.com"], "dropped"))
         .await
         .expect("accepted");
 }

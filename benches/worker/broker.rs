@@ -17,9 +17,26 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use mailer::spec::{MailerPipelineSpec, TopologySpec};
 use mailer::topology::{self, Management, ManagementEndpoint, Topology};
 
-pub const MANAGEMENT_URL: &str = "http://guest:guest@127.0.0.1:15672";
-pub const MANAGEMENT_API: &str = "http://127.0.0.1:15672/api";
-pub const AMQP_BASE: &str = "amqp://guest:guest@127.0.0.1:5672";
+/// The broker's AMQP and management ports: `MAILER_BENCH_BROKER` is `3.10` (5672 and
+/// 15672, the default) or `4.0` (5673 and 15673, `.ci/rabbitmq4.sh start`).
+fn ports() -> (u16, u16) {
+    match std::env::var("MAILER_BENCH_BROKER").as_deref() {
+        Ok("4.0") => (5673, 15673),
+        _ => (5672, 15672),
+    }
+}
+
+fn management_url() -> String {
+    format!("http://guest:guest@127.0.0.1:{}", ports().1)
+}
+
+fn management_api() -> String {
+    format!("http://127.0.0.1:{}/api", ports().1)
+}
+
+fn amqp_base() -> String {
+    format!("amqp://guest:guest@127.0.0.1:{}", ports().0)
+}
 pub const USER: &str = "guest";
 /// The worker's default prefetch, used by the worker and by both bare loops.
 pub const PREFETCH: u16 = mailer::mail::DEFAULT_PREFETCH;
@@ -27,15 +44,18 @@ pub const PREFETCH: u16 = mailer::mail::DEFAULT_PREFETCH;
 const PRELOAD_WINDOW: usize = 512;
 
 /// The management API without the mailer in between, to create and delete vhosts.
-pub fn raw_api() -> rabbitmq_http_client::api::Client<&'static str, &'static str, &'static str> {
+pub fn raw_api() -> rabbitmq_http_client::api::Client<String, &'static str, &'static str> {
     mailer::install_crypto_provider();
-    rabbitmq_http_client::api::Client::new(MANAGEMENT_API, USER, "guest")
+    rabbitmq_http_client::api::Client::new(management_api(), USER, "guest")
 }
 
 /// The broker's version, or why it cannot be reached.
 pub async fn broker_version() -> Result<String> {
     let overview = raw_api().overview().await.with_context(|| {
-        format!("the RabbitMQ management API at {MANAGEMENT_API} does not answer (guest/guest)")
+        format!(
+            "the RabbitMQ management API at {} does not answer (guest/guest)",
+            management_api()
+        )
     })?;
     Ok(overview.rabbitmq_version)
 }
@@ -57,7 +77,7 @@ impl BenchVhost {
         spec.rabbitmq.vhost = name.clone();
         spec.topology.retry_delay = "1h".into();
         spec.worker.prefetch = PREFETCH;
-        let management = Management::new(&ManagementEndpoint::parse(MANAGEMENT_URL)?)?;
+        let management = Management::new(&ManagementEndpoint::parse(&management_url())?)?;
         let desired = Topology::desired(
             &spec.rabbitmq.vhost,
             &spec.topology,
@@ -74,7 +94,7 @@ impl BenchVhost {
     }
 
     pub fn amqp_url(&self) -> String {
-        mailer::topology::live::with_vhost(AMQP_BASE, &self.name).expect("an AMQP URL")
+        mailer::topology::live::with_vhost(&amqp_base(), &self.name).expect("an AMQP URL")
     }
 
     pub async fn connect(&self) -> Result<Connection> {

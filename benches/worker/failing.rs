@@ -17,7 +17,7 @@ impl fmt::Display for FailingProvider {
 }
 
 impl Provider for FailingProvider {
-    fn send<'a>(&'a self, _mail: &'a Mail) -> BoxFuture<'a, Result<(), SendError>> {
+    fn send(&self, _mail: Mail) -> BoxFuture<'_, Result<(), SendError>> {
         Box::pin(async {
             Err(SendError::for_now(
                 ErrorClass::Connect,

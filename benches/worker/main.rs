@@ -11,7 +11,8 @@
 //!    (mandatory), ack loop with the same concurrency;
 //! 3. end to end: mails per second from the worker to a local SMTP sink (aiosmtpd), and
 //!    the sink's own limit with the SMTP provider alone;
-//! 4. the resident memory of `mailer worker`, run as a child process, on the ack path.
+//! 4. the resident memory of `mailer worker`, run as a child process, draining requests
+//!    of 579 bytes and of 10 MiB (see `memory.rs`).
 //!
 //! Each comparison runs a warm-up, then `MAILER_BENCH_ROUNDS` rounds (5 by default), each
 //! running the worker and the bare loop back to back in alternating order; it reports the
@@ -51,8 +52,6 @@ use inproc::run_worker;
 
 /// worker/bare at or above this meets the throughput target.
 const RATIO_TARGET: f64 = 0.9;
-/// The worker's resident memory target, in MiB.
-const MEMORY_TARGET_MIB: f64 = 30.0;
 /// The worker's default log filter (`mailer worker` without `RUST_LOG`).
 const WORKER_LOG_FILTER: &str = "info,lapin=off";
 
@@ -458,65 +457,6 @@ fn connections_of(url: &str) -> usize {
         .unwrap_or(mailer::provider::smtp::DEFAULT_CONNECTIONS)
 }
 
-/// One run of the child worker, as shipped or with extra environment.
-struct MemoryCase {
-    label: &'static str,
-    env: &'static [(&'static str, &'static str)],
-    runs: usize,
-}
-
-/// As shipped, and without the transparent huge pages that mimalloc asks for (the
-/// process's allocator, brought in by a dependency; see docs/benchmarks.md).
-const MEMORY_CASES: [MemoryCase; 2] = [
-    MemoryCase {
-        label: "as shipped",
-        env: &[],
-        runs: 2,
-    },
-    MemoryCase {
-        label: "MIMALLOC_ALLOW_THP=0",
-        env: &[("MIMALLOC_ALLOW_THP", "0")],
-        runs: 1,
-    },
-];
-
-/// Resident memory (4.) of `mailer worker` while it drains the ack path: the largest
-/// VmHWM of each case.
-async fn memory_use(s: &Settings, body: &[u8]) -> Result<Vec<(&'static str, u64)>> {
-    let n = s.ack_n;
-    println!(
-        "\n== 4. memory: target/release/mailer worker (MAIL_PROVIDER_URL=discard://, MAIL_PREFETCH={PREFETCH}, log {WORKER_LOG_FILTER}) draining {n} requests (load {})",
-        load_average()
-    );
-    let vhost = BenchVhost::create("memory").await?;
-    let connection = vhost.connect().await?;
-    let mut worst = Vec::new();
-    for case in &MEMORY_CASES {
-        let mut hwm = 0;
-        for round in 0..case.runs {
-            vhost.fill(&connection, n, body).await?;
-            let run = tokio::task::block_in_place(|| memory::run_child(&vhost, n, case.env))?;
-            println!(
-                "  {:<20} run {}  VmRSS {:>4.1} MiB once consuming, {:>4.1} MiB at most while draining; VmHWM {:>4.1} MiB; {:>5.0} msg/s",
-                case.label,
-                round + 1,
-                mib(run.rss_start_kib),
-                mib(run.rss_peak_kib),
-                mib(run.hwm_kib),
-                rate(n, run.took)
-            );
-            hwm = hwm.max(run.hwm_kib);
-        }
-        worst.push((case.label, hwm));
-    }
-    let _ = connection.close(200, "done".into()).await;
-    Ok(worst)
-}
-
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
-}
-
 /// Logs as `mailer worker` does by default, into /dev/null: the worker's log lines
 /// (one per parked request) cost what they cost in production, without flooding this
 /// output.
@@ -581,7 +521,7 @@ async fn bench() -> Result<()> {
         None
     };
     let memory = if settings.runs("memory") {
-        memory_use(&settings, &body).await?
+        memory::memory_use(settings.ack_n, &body).await?
     } else {
         Vec::new()
     };
@@ -609,16 +549,14 @@ async fn bench() -> Result<()> {
             sink_verdict(e)
         );
     }
-    for (i, (label, hwm)) in memory.iter().enumerate() {
-        let verdict = if i == 0 {
-            format!(
-                "  target < {MEMORY_TARGET_MIB} MiB: {}",
-                met(mib(*hwm) < MEMORY_TARGET_MIB)
-            )
-        } else {
-            String::new()
-        };
-        println!("  memory     VmHWM {:>4.1} MiB {label}{verdict}", mib(*hwm));
+    for figure in &memory {
+        println!(
+            "  memory     VmHWM {:>5.1} MiB  {:<20} target <= {} MiB: {}",
+            figure.mib(),
+            figure.label,
+            figure.target_mib,
+            met(figure.met())
+        );
     }
     Ok(())
 }

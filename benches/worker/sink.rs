@@ -106,7 +106,7 @@ pub async fn provider_alone(
     concurrency: usize,
 ) -> Result<Duration> {
     let started = Instant::now();
-    let mut sends = futures::stream::iter(mails)
+    let mut sends = futures::stream::iter(mails.iter().cloned())
         .map(|mail| provider.send(mail))
         .buffer_unordered(concurrency);
     while let Some(sent) = sends.next().await {

@@ -109,9 +109,6 @@ pub fn desired_deployment(
             ),
         ),
         plain_env("MAIL_LOG_FORMAT", "json".to_string()),
-        // The binary's allocator is mimalloc (a dependency of the management-API client
-        // chooses it); on transparent huge pages it keeps about 18 MB more resident.
-        plain_env("MIMALLOC_ALLOW_THP", "0".to_string()),
     ]);
 
     let provider_ca = worker
@@ -371,7 +368,6 @@ mod tests {
                 ("MAIL_HTTP_ADDR".to_string(), json!("0.0.0.0:8080")),
                 ("MAIL_SHUTDOWN_TIMEOUT".to_string(), json!("110s")),
                 ("MAIL_LOG_FORMAT".to_string(), json!("json")),
-                ("MIMALLOC_ALLOW_THP".to_string(), json!("0")),
             ]
         );
     }

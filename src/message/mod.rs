@@ -8,18 +8,22 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use lettre::message::header::{HeaderName, HeaderValue};
-use lettre::message::{Mailbox, MultiPart, SinglePart};
-use lettre::{Message, address::Envelope};
+use bytes::Bytes;
+use lettre::address::Envelope;
+use lettre::message::Mailbox;
+use lettre::message::header::HeaderName;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::mail;
 use crate::text::truncate;
 
+mod checked;
 pub mod id;
 pub mod publish;
+mod wire;
 
+pub use checked::{Mail, Rendered};
 pub use id::unique_id;
 
 /// A mail to send: the JSON body of a request published to the `mail` exchange with
@@ -117,60 +121,66 @@ impl fmt::Display for Quoted {
     }
 }
 
-/// A mail that is ready to send: the formatted message and its envelope.
-#[derive(Clone)]
-pub struct Mail {
-    message: Message,
-    message_id: String,
+/// Reads a request body and checks that it makes a mail; see [`read_request`], which
+/// takes the bytes without a copy.
+pub fn parse_request(body: &[u8], message_id: Option<&str>) -> Result<Mail, RequestError> {
+    read_request(Bytes::copy_from_slice(body), message_id)
 }
 
-impl Mail {
-    /// The message, with its headers and body.
-    pub fn message(&self) -> &Message {
-        &self.message
-    }
-
-    /// The envelope: the sender and every recipient of `to`, `cc` and `bcc`.
-    pub fn envelope(&self) -> &Envelope {
-        self.message.envelope()
-    }
-
-    /// The `Message-ID`, with its angle brackets, e.g. `<order-42@shop.example>`.
-    pub fn message_id(&self) -> &str {
-        &self.message_id
-    }
-
-    /// The message as RFC 5322 bytes, as it goes to the provider.
-    pub fn formatted(&self) -> Vec<u8> {
-        self.message.formatted()
-    }
-}
-
-/// Shows who the mail is from and to, never its body, so a `Mail` can be logged.
-impl fmt::Debug for Mail {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Mail")
-            .field("message_id", &self.message_id)
-            .field("from", &self.envelope().from().map(ToString::to_string))
-            .field("recipients", &self.envelope().to().len())
-            .finish()
-    }
-}
-
-/// Reads a request body and builds its mail.
+/// Reads a request body and checks that it makes a mail, without rendering it: the mail
+/// keeps `request` (shared, not copied) and its bodies stay in it until the provider
+/// renders the mail ([`Mail::render`]).
 ///
 /// `message_id` is the AMQP `message_id` of the request: it becomes the mail's
 /// `Message-ID` (`<message_id@domain-of-from>`, or `<message_id>` when it already holds
 /// an `@`), so every attempt of a request sends the same mail. Without one the mail
 /// gets a fresh random id.
-pub fn parse_request(body: &[u8], message_id: Option<&str>) -> Result<Mail, RequestError> {
-    if body.len() > mail::MAX_REQUEST_BYTES {
-        return Err(RequestError::TooLarge { size: body.len() });
+pub fn read_request(request: Bytes, message_id: Option<&str>) -> Result<Mail, RequestError> {
+    if request.len() > mail::MAX_REQUEST_BYTES {
+        return Err(RequestError::TooLarge {
+            size: request.len(),
+        });
     }
-    let request: MailRequest = serde_json::from_slice(body).map_err(|e| {
+    let wire: wire::WireRequest = serde_json::from_slice(&request).map_err(|e| {
         RequestError::Json(truncate(&e.to_string(), MAX_PARSER_MESSAGE_CHARS).into_owned())
     })?;
-    request.to_mail(message_id)
+    let from = mailbox("from", &wire.from)?;
+    let to = mailboxes("to", &wire.to)?;
+    let cc = mailboxes("cc", &wire.cc)?;
+    let bcc = mailboxes("bcc", &wire.bcc)?;
+    if to.is_empty() && cc.is_empty() && bcc.is_empty() {
+        return Err(RequestError::NoRecipient);
+    }
+    let reply_to = wire
+        .reply_to
+        .as_deref()
+        .map(|r| mailbox("reply_to", r))
+        .transpose()?;
+    single_line("subject", &wire.subject)?;
+    let headers = extra_headers(wire.headers)?;
+    let message_id = message_id_header(message_id, from.email.domain())?;
+    if !wire::BodyCheck::given(&wire.text) && !wire::BodyCheck::given(&wire.html) {
+        return Err(RequestError::NoBody);
+    }
+    // As lettre makes it from the headers: the sender, then To, Cc and Bcc in order.
+    let recipients = to.iter().chain(&cc).chain(&bcc);
+    let envelope = Envelope::new(
+        Some(from.email.clone()),
+        recipients.map(|m| m.email.clone()).collect(),
+    )
+    .map_err(|e| RequestError::Build(e.to_string()))?;
+    Ok(Mail {
+        from,
+        to,
+        cc,
+        bcc,
+        reply_to,
+        subject: wire.subject,
+        headers,
+        envelope,
+        message_id,
+        request,
+    })
 }
 
 /// The JSON Schema of [`MailRequest`], as published in `schemas/mail-request.schema.json`.
@@ -198,88 +208,35 @@ const RESERVED_HEADERS: [&str; 12] = [
 /// The longest header name lettre accepts.
 const MAX_HEADER_NAME_CHARS: usize = 76;
 
-impl MailRequest {
-    /// Checks the request and builds its mail; see [`parse_request`].
-    pub fn to_mail(&self, message_id: Option<&str>) -> Result<Mail, RequestError> {
-        let from = mailbox("from", &self.from)?;
-        let to = mailboxes("to", &self.to)?;
-        let cc = mailboxes("cc", &self.cc)?;
-        let bcc = mailboxes("bcc", &self.bcc)?;
-        if to.is_empty() && cc.is_empty() && bcc.is_empty() {
-            return Err(RequestError::NoRecipient);
+/// The extra headers, checked, each name ready for lettre.
+fn extra_headers(
+    headers: BTreeMap<String, String>,
+) -> Result<Vec<(HeaderName, String)>, RequestError> {
+    let mut seen = BTreeSet::new();
+    let mut checked = Vec::with_capacity(headers.len());
+    for (name, value) in headers {
+        if name.contains(['\r', '\n']) {
+            return Err(RequestError::LineBreak {
+                field: "a header name".into(),
+            });
         }
-        let reply_to = self
-            .reply_to
-            .as_deref()
-            .map(|r| mailbox("reply_to", r))
-            .transpose()?;
-        single_line("subject", &self.subject)?;
-        let extra_headers = self.extra_headers()?;
-        let message_id = message_id_header(message_id, from.email.domain())?;
-
-        let mut builder = Message::builder()
-            .from(from)
-            .subject(self.subject.as_str())
-            .message_id(Some(message_id.clone()));
-        for recipient in to {
-            builder = builder.to(recipient);
+        if !is_field_name(&name) {
+            return Err(RequestError::BadHeaderName(Quoted::new(&name)));
         }
-        for recipient in cc {
-            builder = builder.cc(recipient);
+        if is_reserved_header(&name) {
+            return Err(RequestError::ReservedHeader(Quoted::new(&name)));
         }
-        for recipient in bcc {
-            builder = builder.bcc(recipient);
+        if !seen.insert(name.to_ascii_lowercase()) {
+            return Err(RequestError::DuplicateHeader(Quoted::new(&name)));
         }
-        if let Some(reply_to) = reply_to {
-            builder = builder.reply_to(reply_to);
-        }
-        for header in extra_headers {
-            builder = builder.raw_header(header);
-        }
-
-        let text = self.text.as_deref().filter(|t| !t.is_empty());
-        let html = self.html.as_deref().filter(|h| !h.is_empty());
-        let built = match (text, html) {
-            (Some(text), Some(html)) => builder.multipart(MultiPart::alternative_plain_html(
-                text.to_owned(),
-                html.to_owned(),
-            )),
-            (Some(text), None) => builder.singlepart(SinglePart::plain(text.to_owned())),
-            (None, Some(html)) => builder.singlepart(SinglePart::html(html.to_owned())),
-            (None, None) => return Err(RequestError::NoBody),
-        };
-        let message = built.map_err(|e| RequestError::Build(e.to_string()))?;
-        Ok(Mail {
-            message,
-            message_id,
-        })
+        single_line(HeaderField(&name), &value)?;
+        // Cannot fail: is_field_name is stricter than lettre.
+        let header_name = HeaderName::new_from_ascii(name).map_err(|_| {
+            RequestError::Build("lettre refused a header name that passed the checks".into())
+        })?;
+        checked.push((header_name, value));
     }
-
-    fn extra_headers(&self) -> Result<Vec<HeaderValue>, RequestError> {
-        let mut seen = BTreeSet::new();
-        let mut headers = Vec::with_capacity(self.headers.len());
-        for (name, value) in &self.headers {
-            if name.contains(['\r', '\n']) {
-                return Err(RequestError::LineBreak {
-                    field: "a header name".into(),
-                });
-            }
-            if !is_field_name(name) {
-                return Err(RequestError::BadHeaderName(Quoted::new(name)));
-            }
-            if is_reserved_header(name) {
-                return Err(RequestError::ReservedHeader(Quoted::new(name)));
-            }
-            if !seen.insert(name.to_ascii_lowercase()) {
-                return Err(RequestError::DuplicateHeader(Quoted::new(name)));
-            }
-            single_line(&format!("headers[{}]", Quoted::new(name)), value)?;
-            let header_name = HeaderName::new_from_ascii(name.clone())
-                .map_err(|_| RequestError::BadHeaderName(Quoted::new(name)))?;
-            headers.push(HeaderValue::new(header_name, value.clone()));
-        }
-        Ok(headers)
-    }
+    Ok(checked)
 }
 
 /// An RFC 5322 field name: printable ASCII except the colon (and so no space).
@@ -300,35 +257,55 @@ fn is_reserved_header(name: &str) -> bool {
 
 /// Refuses line breaks, which would start a new header, and other control characters
 /// (a tab is fine) that have no place in a header.
-fn single_line(field: &str, value: &str) -> Result<(), RequestError> {
+/// `field` names the field in the error, and is only formatted for one.
+fn single_line(field: impl fmt::Display, value: &str) -> Result<(), RequestError> {
     if value.contains(['\r', '\n']) {
         return Err(RequestError::LineBreak {
-            field: field.into(),
+            field: field.to_string(),
         });
     }
     if value.chars().any(|c| c.is_control() && c != '\t') {
         return Err(RequestError::ControlCharacter {
-            field: field.into(),
+            field: field.to_string(),
         });
     }
     Ok(())
 }
 
-fn mailbox(field: &str, value: &str) -> Result<Mailbox, RequestError> {
+fn mailbox(field: impl fmt::Display + Copy, value: &str) -> Result<Mailbox, RequestError> {
     single_line(field, value)?;
     let not_an_address = |_| RequestError::NotAnAddress {
-        field: field.into(),
+        field: field.to_string(),
         value: Quoted::new(value),
     };
     value.parse().map_err(not_an_address)
 }
 
-fn mailboxes(field: &str, values: &[String]) -> Result<Vec<Mailbox>, RequestError> {
+fn mailboxes(field: &'static str, values: &[String]) -> Result<Vec<Mailbox>, RequestError> {
     values
         .iter()
         .enumerate()
-        .map(|(index, value)| mailbox(&format!("{field}[{index}]"), value))
+        .map(|(index, value)| mailbox(Indexed(field, index), value))
         .collect()
+}
+
+/// A field of a list as an error names it, e.g. `to[2]`.
+#[derive(Clone, Copy)]
+struct Indexed(&'static str, usize);
+
+impl fmt::Display for Indexed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{}]", self.0, self.1)
+    }
+}
+
+/// An extra header's value as an error names it, e.g. `headers["X-Campaign"]`.
+struct HeaderField<'a>(&'a str);
+
+impl fmt::Display for HeaderField<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "headers[{}]", Quoted::new(self.0))
+    }
 }
 
 /// The `Message-ID` of a mail: from the request's AMQP message id when it has one, so

@@ -34,7 +34,8 @@ fn error(request: &Value) -> String {
 }
 
 fn formatted(mail: &Mail) -> String {
-    String::from_utf8(mail.formatted()).expect("the mail is UTF-8")
+    let rendered = mail.clone().render().expect("a checked mail renders");
+    String::from_utf8(rendered.into_message()).expect("the mail is UTF-8")
 }
 
 #[test]
@@ -433,4 +434,52 @@ fn the_schema_describes_every_field_and_refuses_unknown_ones() {
             .unwrap_or_default();
         assert!(!description.is_empty(), "{field} has no description");
     }
+}
+
+#[test]
+fn the_worker_reads_the_fields_of_the_published_request() {
+    let schema = request_schema();
+    let mut published: Vec<&str> = schema["properties"]
+        .as_object()
+        .expect("properties")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    published.sort_unstable();
+    let mut read = wire::FIELDS.to_vec();
+    read.sort_unstable();
+    assert_eq!(read, published);
+}
+
+#[test]
+fn a_body_is_checked_when_read_and_decoded_again_when_rendered() {
+    // JSON escapes, and a dot at the start of a line.
+    let body = r#"{"from": "a@shop.example", "to": ["b@example.com"], "subject": "s", "text": "line \"one\"\n.two \u0041"}"#;
+    let mail = parse_request(body.as_bytes(), Some("id-1")).expect("valid");
+    let shown = formatted(&mail);
+    assert!(shown.contains("line \"one\"\r\n.two A"), "{shown}");
+    for (field, value, problem) in [
+        (
+            "text",
+            json!(5),
+            "invalid type: integer `5`, expected a string",
+        ),
+        (
+            "html",
+            json!(["x"]),
+            "invalid type: sequence, expected a string",
+        ),
+    ] {
+        let message = error(&with(field, value));
+        assert!(message.contains(problem), "{message}");
+        assert!(message.contains(" at line 1 column "), "{message}");
+    }
+    let lone = r#"{"from": "a@shop.example", "to": ["b@example.com"], "subject": "s", "text": "\ud800 alone"}"#;
+    let message = parse_request(lone.as_bytes(), None)
+        .expect_err("a lone surrogate does not decode")
+        .to_string();
+    assert!(
+        message.starts_with("the request is not a mail request: "),
+        "{message}"
+    );
 }

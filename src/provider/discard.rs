@@ -32,7 +32,7 @@ impl fmt::Display for DiscardProvider {
 }
 
 impl Provider for DiscardProvider {
-    fn send<'a>(&'a self, _mail: &'a Mail) -> BoxFuture<'a, Result<(), SendError>> {
+    fn send(&self, _mail: Mail) -> BoxFuture<'_, Result<(), SendError>> {
         Box::pin(async { Ok(()) })
     }
 }

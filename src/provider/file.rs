@@ -45,11 +45,11 @@ impl FileProvider {
         &self.dir
     }
 
-    async fn write(&self, mail: &Mail) -> Result<(), SendError> {
+    async fn write(&self, mail: Mail) -> Result<(), SendError> {
         let path = self.dir.join(file_name(mail.message_id()));
-        let contents = mail.formatted();
+        let rendered = mail.render().map_err(|e| super::unrenderable(self, &e))?;
         let target = path.clone();
-        tokio::task::spawn_blocking(move || write_atomically(&target, &contents))
+        tokio::task::spawn_blocking(move || write_atomically(&target, rendered.message()))
             .await
             .map_err(|e| {
                 SendError::for_now(ErrorClass::Io, format!("writing {}: {e}", path.display()))
@@ -67,7 +67,7 @@ impl fmt::Display for FileProvider {
 }
 
 impl Provider for FileProvider {
-    fn send<'a>(&'a self, mail: &'a Mail) -> BoxFuture<'a, Result<(), SendError>> {
+    fn send(&self, mail: Mail) -> BoxFuture<'_, Result<(), SendError>> {
         Box::pin(self.write(mail))
     }
 }

@@ -30,7 +30,11 @@ use crate::redact::redacted;
 /// `Display` shows the provider's URL with its password replaced by `***`.
 pub trait Provider: Send + Sync + fmt::Display + fmt::Debug {
     /// Sends one mail. `Ok` means the provider took responsibility for every recipient.
-    fn send<'a>(&'a self, mail: &'a Mail) -> BoxFuture<'a, Result<(), SendError>>;
+    ///
+    /// The mail comes checked, not rendered: a provider that needs the message's bytes
+    /// renders it ([`Mail::render`]) once, when it is about to send it, so a provider that
+    /// fails first (or sends nothing) never pays for it.
+    fn send(&self, mail: Mail) -> BoxFuture<'_, Result<(), SendError>>;
 }
 
 /// Whether a send that failed may succeed when tried again.
@@ -41,6 +45,12 @@ pub enum Failure {
     /// Failed for good (a 5xx reply to the mail, its sender or a recipient): retrying
     /// only delays the bad news, so dead-letter the request.
     ForGood,
+}
+
+/// A mail that [`Mail::render`] could not build: a request that its checks let through
+/// by mistake, so it never will be sent.
+fn unrenderable(provider: &dyn fmt::Display, error: &crate::message::RequestError) -> SendError {
+    SendError::for_good(ErrorClass::Protocol, format!("{provider}: {error}"))
 }
 
 /// What kind of failure a send had: a small, fixed set fit for a metric label.

@@ -30,17 +30,21 @@ pub use settings::{
 };
 
 use super::{ErrorClass, Failure, Provider, ProviderUrlError, SendError};
-use crate::message::Mail;
+use crate::message::{Mail, Rendered};
 
 /// An idle connection older than this is closed rather than reused: servers drop idle
 /// clients after a while, and a stale connection costs a failed command to find out.
 const MAX_IDLE: Duration = Duration::from_secs(60);
+/// The size of the parts a message is written in (see `transaction`).
+const MESSAGE_PART_BYTES: usize = 64 * 1024;
 /// Mails sent over one connection before it is closed; many servers limit this.
 const MAX_MAILS_PER_CONNECTION: u32 = 100;
 
 /// Sends mail to one SMTP server, reusing up to `connections` connections.
 pub struct SmtpProvider {
     settings: SmtpSettings,
+    /// `host:port`, as every error names it.
+    server: String,
     tls: Option<TlsParameters>,
     hello: ClientId,
     idle: Mutex<Vec<PooledConnection>>,
@@ -100,6 +104,7 @@ impl SmtpProvider {
             .unwrap_or_default();
         Ok(Self {
             permits: Semaphore::new(settings.connections),
+            server: settings.server(),
             settings,
             tls,
             hello,
@@ -111,7 +116,7 @@ impl SmtpProvider {
         &self.settings
     }
 
-    async fn send_mail(&self, mail: &Mail) -> Result<(), SendError> {
+    async fn send_mail(&self, mail: Mail) -> Result<(), SendError> {
         let _permit = self.permits.acquire().await.map_err(|_| {
             SendError::for_now(ErrorClass::Io, format!("{self}: the provider is shut down"))
         })?;
@@ -119,19 +124,22 @@ impl SmtpProvider {
             Some(pooled) => (pooled, true),
             None => (self.connect().await?, false),
         };
-        let result = self.transaction(&mut pooled.connection, mail).await;
+        // Rendered once a connection is ready, so a server that refuses us costs no
+        // rendering, and at most one mail per connection is held rendered.
+        let mail = mail.render().map_err(|e| super::unrenderable(self, &e))?;
+        let result = self.transaction(&mut pooled.connection, &mail).await;
         match result {
             // A pooled connection the server has closed fails at its first command;
             // nothing was sent yet, so try once more on a new connection.
             Err(error) if reused && error.step == Step::MailFrom && !error.connection_usable => {
                 tracing::debug!(
-                    server = %self.settings.server(),
+                    server = %self.server,
                     "a pooled connection was stale ({}); connecting again",
                     error.detail
                 );
                 drop(pooled);
                 let mut fresh = self.connect().await?;
-                let result = self.transaction(&mut fresh.connection, mail).await;
+                let result = self.transaction(&mut fresh.connection, &mail).await;
                 self.finish(fresh, result).await
             }
             result => self.finish(pooled, result).await,
@@ -216,7 +224,7 @@ impl SmtpProvider {
             },
         }
         .map_err(|e| self.report(e))?;
-        tracing::debug!(server = %settings.server(), "connected");
+        tracing::debug!(server = %self.server, "connected");
 
         let wants_starttls = matches!(
             settings.security,
@@ -298,15 +306,15 @@ impl SmtpProvider {
     async fn transaction(
         &self,
         connection: &mut AsyncSmtpConnection,
-        mail: &Mail,
+        mail: &Rendered,
     ) -> Result<(), StepError> {
         let envelope = mail.envelope();
-        let body = mail.formatted();
-        let parameters = mail_parameters(connection, envelope, &body)?;
+        let body = mail.message();
+        let parameters = mail_parameters(connection, envelope, body)?;
         let sender = envelope.from().map(address_text).unwrap_or_default();
         self.within(
             Step::MailFrom,
-            &format!("MAIL FROM:<{sender}>"),
+            Command("MAIL FROM", sender),
             connection.command(MailCommand::new(envelope.from().cloned(), parameters)),
         )
         .await?;
@@ -317,7 +325,7 @@ impl SmtpProvider {
             match self
                 .within(
                     Step::RcptTo,
-                    &format!("RCPT TO:<{recipient}>"),
+                    Command("RCPT TO", recipient.as_ref()),
                     connection.command(command),
                 )
                 .await
@@ -342,7 +350,8 @@ impl SmtpProvider {
         self.within(
             Step::Message,
             "sending the message",
-            connection.message(&body),
+            // In parts, so lettre's dot-stuffed copy of the message is one part at a time.
+            connection.message_iter(body.chunks(MESSAGE_PART_BYTES)),
         )
         .await?;
         Ok(())
@@ -352,12 +361,12 @@ impl SmtpProvider {
     async fn within<T>(
         &self,
         step: Step,
-        what: &str,
+        what: impl fmt::Display,
         work: impl Future<Output = Result<T, lettre::transport::smtp::Error>>,
     ) -> Result<T, StepError> {
         match tokio::time::timeout(self.settings.timeout, work).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(classify(step, what, Cause::of(&error))),
+            Ok(Err(error)) => Err(classify(step, &what.to_string(), Cause::of(&error))),
             Err(_) => Err(StepError {
                 step,
                 failure: Failure::ForNow,
@@ -372,7 +381,7 @@ impl SmtpProvider {
     }
 
     fn report(&self, error: StepError) -> SendError {
-        let message = format!("{}: {}", self.settings.server(), error.detail);
+        let message = format!("{}: {}", self.server, error.detail);
         match error.failure {
             Failure::ForNow => SendError::for_now(error.class, message),
             Failure::ForGood => SendError::for_good(error.class, message),
@@ -380,7 +389,7 @@ impl SmtpProvider {
     }
 
     fn for_now_error(&self, class: ErrorClass, detail: &str) -> SendError {
-        SendError::for_now(class, format!("{}: {detail}", self.settings.server()))
+        SendError::for_now(class, format!("{}: {detail}", self.server))
     }
 }
 
@@ -401,8 +410,18 @@ impl fmt::Debug for SmtpProvider {
 }
 
 impl Provider for SmtpProvider {
-    fn send<'a>(&'a self, mail: &'a Mail) -> BoxFuture<'a, Result<(), SendError>> {
+    fn send(&self, mail: Mail) -> BoxFuture<'_, Result<(), SendError>> {
         Box::pin(self.send_mail(mail))
+    }
+}
+
+/// An SMTP command and its address, as an error names it: `RCPT TO:<a@example.com>`.
+/// Formatted only when the command failed.
+struct Command<'a>(&'static str, &'a str);
+
+impl fmt::Display for Command<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:<{}>", self.0, self.1)
     }
 }
 

@@ -3,23 +3,25 @@
 //! settled it is rejected with requeue (the one return that RabbitMQ 3.x and 4.x both
 //! count toward the delivery limit) and the worker stops.
 
+use std::borrow::Cow;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures::FutureExt;
 use lapin::Acker;
 use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicRejectOptions};
-use tracing::{Instrument, debug, error, info, warn};
+use tracing::{Instrument, debug, error, warn};
 
 use super::attempt::attempt_of;
 use super::metrics::{OutcomeLabel, WorkerMetrics};
 use super::outcome::{Attempted, Outcome, decide};
 use super::publish::Publisher;
 use crate::amqp::PublishError;
-use crate::message::{parse_request, unique_id};
+use crate::message::{read_request, unique_id};
 use crate::provider::{ErrorClass, Provider};
 
 /// State shared by every delivery's task.
@@ -71,37 +73,65 @@ pub async fn handle(delivery: Delivery, shared: Arc<Shared>) -> Result<(), Settl
     }
 }
 
-async fn process(delivery: Delivery, shared: &Shared) -> Result<(), SettleError> {
+async fn process(mut delivery: Delivery, shared: &Shared) -> Result<(), SettleError> {
+    // The request's bytes, taken without a copy and shared with the mail until it is sent.
+    let request = Bytes::from(std::mem::take(&mut delivery.data));
     // A request without a message id gets one now, kept when it is parked, so that every
     // attempt sends the same Message-ID.
-    let (message_id, properties) = match delivery.properties.message_id() {
-        Some(id) => (id.to_string(), delivery.properties.clone()),
-        None => {
-            let id = unique_id();
-            let properties = delivery
-                .properties
-                .clone()
-                .with_message_id(id.as_str().into());
-            (id, properties)
-        }
-    };
-    let span = tracing::info_span!(
-        "delivery",
-        message_id = message_id.as_str(),
-        attempt = tracing::field::Empty
-    );
+    let generated = delivery.properties.message_id().is_none().then(unique_id);
+    let message_id = delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|id| id.as_str())
+        .or(generated.as_deref())
+        .unwrap_or_default();
+    // At debug level only: at the default level a span would format its fields for each
+    // delivery, and the lines logged at info and above carry the message id themselves.
+    let span = tracing::debug_span!("delivery", message_id, attempt = tracing::field::Empty);
     async {
         let _in_flight = InFlight::enter(&shared.metrics);
-        let attempted = attempt(&delivery, &message_id, shared).await;
+        let attempted = attempt(&delivery, request.clone(), message_id, shared).await;
         let outcome = decide(attempted, shared.max_attempts);
-        settle(&delivery, &properties, outcome, shared).await
+        let request = Request {
+            delivery: &delivery,
+            bytes: request,
+            message_id,
+            generated_id: generated.as_deref(),
+        };
+        settle(request, outcome, shared).await
     }
     .instrument(span)
     .await
 }
 
+/// A delivery being settled: its request's bytes, and its message id.
+struct Request<'a> {
+    delivery: &'a Delivery,
+    bytes: Bytes,
+    message_id: &'a str,
+    /// The id given to a request that came without one, to park it with.
+    generated_id: Option<&'a str>,
+}
+
+impl Request<'_> {
+    /// The properties to republish the request with: its own, with the generated
+    /// message id when it had none (the one clone, only on that rare path).
+    fn properties(&self) -> Cow<'_, BasicProperties> {
+        match self.generated_id {
+            Some(id) => Cow::Owned(self.delivery.properties.clone().with_message_id(id.into())),
+            None => Cow::Borrowed(&self.delivery.properties),
+        }
+    }
+}
+
 /// Reads the attempt and the request, and sends the mail.
-async fn attempt(delivery: &Delivery, message_id: &str, shared: &Shared) -> Attempted {
+async fn attempt(
+    delivery: &Delivery,
+    request: Bytes,
+    message_id: &str,
+    shared: &Shared,
+) -> Attempted {
     let attempt = match attempt_of(delivery.properties.headers().as_ref()) {
         Ok(attempt) => attempt,
         Err(e) => {
@@ -111,7 +141,7 @@ async fn attempt(delivery: &Delivery, message_id: &str, shared: &Shared) -> Atte
         }
     };
     tracing::Span::current().record("attempt", attempt);
-    let mail = match parse_request(&delivery.data, Some(message_id)) {
+    let mail = match read_request(request, Some(message_id)) {
         Ok(mail) => mail,
         Err(e) => {
             return Attempted::MalformedRequest {
@@ -121,7 +151,7 @@ async fn attempt(delivery: &Delivery, message_id: &str, shared: &Shared) -> Atte
         }
     };
     let started = Instant::now();
-    let sent = tokio::time::timeout(shared.send_timeout, shared.provider.send(&mail)).await;
+    let sent = tokio::time::timeout(shared.send_timeout, shared.provider.send(mail)).await;
     shared.metrics.send_took(started.elapsed().as_secs_f64());
     match sent {
         Ok(Ok(())) => Attempted::Sent,
@@ -148,8 +178,7 @@ async fn attempt(delivery: &Delivery, message_id: &str, shared: &Shared) -> Atte
 
 /// Carries out `outcome`, acking only once it took.
 async fn settle(
-    delivery: &Delivery,
-    properties: &BasicProperties,
+    request: Request<'_>,
     outcome: Outcome,
     shared: &Shared,
 ) -> Result<(), SettleError> {
@@ -158,7 +187,7 @@ async fn settle(
         Outcome::Park { next_attempt } => {
             shared
                 .publisher
-                .park(properties, &delivery.data, *next_attempt)
+                .park(&request.properties(), &request.bytes, *next_attempt)
                 .await
         }
         Outcome::DeadLetter {
@@ -168,13 +197,27 @@ async fn settle(
         } => {
             shared
                 .publisher
-                .dead_letter(properties, &delivery.data, *reason, *attempts, error)
+                .dead_letter(
+                    &request.properties(),
+                    &request.bytes,
+                    *reason,
+                    *attempts,
+                    error,
+                )
                 .await
         }
     };
+    let Request {
+        delivery,
+        bytes,
+        message_id,
+        ..
+    } = request;
+    // Settled or not, the request's bytes are not needed any more.
+    drop(bytes);
     if let Err(e) = published {
         shared.metrics.settled(OutcomeLabel::PublishFailed);
-        warn!(error = %e, "could not settle the delivery; rejecting it with requeue and stopping");
+        warn!(message_id, error = %e, "could not settle the delivery; rejecting it with requeue and stopping");
         requeue(&delivery.acker, shared.settle_timeout).await?;
         return Err(e.into());
     }
@@ -188,8 +231,13 @@ async fn settle(
             debug!("sent");
         }
         Outcome::Park { next_attempt } => {
+            // Counted in mailer_worker_deliveries_total{outcome="parked"}; a line each
+            // only at debug, since a provider that is down parks every request.
             shared.metrics.settled(OutcomeLabel::Parked);
-            info!(next_attempt, "failed for now; parked for a later attempt");
+            debug!(
+                message_id,
+                next_attempt, "failed for now; parked for a later attempt"
+            );
         }
         Outcome::DeadLetter {
             reason,
@@ -197,7 +245,7 @@ async fn settle(
             error,
         } => {
             shared.metrics.dead_lettered(reason);
-            warn!(%reason, attempts, %error, "dead-lettered");
+            warn!(message_id, %reason, attempts, %error, "dead-lettered");
         }
     }
     Ok(())

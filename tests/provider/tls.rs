@@ -25,7 +25,7 @@ async fn starttls_and_implicit_tls_deliver_with_the_relays_ca() {
         // smtp:// requires STARTTLS by default.
         let url = format!("{scheme}://127.0.0.1:{}", server.port);
         provider(&url, Some(&ca_file))
-            .send(&mail(&["ok@example.com"], &format!("tls-{mode}")))
+            .send(mail(&["ok@example.com"], &format!("tls-{mode}")))
             .await
             .unwrap_or_else(|e| panic!("{mode}: {e}"));
         assert_eq!(server.message_ids(), [format!("tls-{mode}@shop.example")]);
@@ -47,7 +47,7 @@ async fn a_certificate_the_worker_cannot_trust_fails_for_now_saying_what_to_fix(
             let scheme = if mode == "starttls" { "smtp" } else { "smtps" };
             let url = format!("{scheme}://127.0.0.1:{}", server.port);
             let error = provider(&url, trusted)
-                .send(&mail(&["ok@example.com"], "untrusted"))
+                .send(mail(&["ok@example.com"], "untrusted"))
                 .await
                 .expect_err("refused");
             assert!(!error.is_for_good(), "{mode} {leaf}: {error}");

@@ -24,7 +24,7 @@ impl std::fmt::Display for TestProvider {
 }
 
 impl Provider for TestProvider {
-    fn send<'a>(&'a self, mail: &'a Mail) -> BoxFuture<'a, Result<(), SendError>> {
+    fn send(&self, mail: Mail) -> BoxFuture<'_, Result<(), SendError>> {
         Box::pin(async move {
             let id = mail.message_id().to_string();
             self.started.lock().unwrap().push(id.clone());
