@@ -30,16 +30,22 @@ mod fake_api_managers;
 mod flow;
 #[path = "controller/harness.rs"]
 mod harness;
+#[path = "topology/many.rs"]
+pub mod many;
 #[path = "controller/leadership.rs"]
 mod leadership;
 #[path = "controller/ownership.rs"]
 mod ownership;
 #[path = "controller/phases.rs"]
 mod phases;
+#[path = "topology/proxy.rs"]
+pub mod proxy;
 #[path = "controller/process.rs"]
 mod process;
 #[path = "controller/running.rs"]
 mod running;
+#[path = "controller/scale.rs"]
+mod scale;
 #[path = "controller/status.rs"]
 mod status;
 #[path = "controller/tenancy.rs"]

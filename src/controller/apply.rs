@@ -5,9 +5,9 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
-use kube::Client;
 use kube::api::Api;
 
+use super::context::Context;
 use super::deployment::SECRETS_HASH_ANNOTATION;
 use super::desired::Desired;
 use super::error::Error;
@@ -31,18 +31,17 @@ pub struct Applied {
     pub reapplied_objects: Vec<String>,
     /// The worker Deployment as it is now.
     pub deployment: Option<Deployment>,
-    /// Writing requests made to RabbitMQ's management API: 0 when it was in sync.
-    pub rabbitmq_writes: usize,
     /// What was done in, or kept of, the vhost the pipeline left.
     pub left_behind: Vec<String>,
 }
 
 pub async fn apply(
-    client: &Client,
+    ctx: &Context,
     valid: &Validated<'_>,
     resolved: &Resolved,
     desired: &Desired,
 ) -> Result<Applied, Error> {
+    let client = &ctx.client;
     let namespace = &valid.namespace;
     let management = &valid.broker.management;
     let vhost = &desired.topology.vhost;
@@ -63,6 +62,9 @@ pub async fn apply(
     let applied_secret = apply_if_changed(&secrets, &desired.worker_secret, live_secret)
         .await
         .map_err(|e| Error::kube(format!("apply Secret {namespace}/{secret_name}"), e))?;
+    if let Some(applied) = &applied_secret {
+        ctx.owned.written(applied);
+    }
     if applied_secret.is_some() && live_secret.is_some() {
         reapplied_objects.push(format!("Secret {secret_name}"));
     }
@@ -97,6 +99,9 @@ pub async fn apply(
     let applied = apply_if_changed(&deployments, &desired.deployment, live)
         .await
         .map_err(|e| Error::kube(format!("apply Deployment {namespace}/{name}"), e))?;
+    if let Some(applied) = &applied {
+        ctx.owned.written(applied);
+    }
     // A Deployment whose Secrets' hash is the one desired differed in something else.
     if applied.is_some()
         && live.is_some_and(|live| {
@@ -114,7 +119,6 @@ pub async fn apply(
         user_changes,
         reapplied_objects,
         deployment: applied.or_else(|| resolved.deployment.clone()),
-        rabbitmq_writes: management.writes(),
     })
 }
 

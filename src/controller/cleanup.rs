@@ -19,11 +19,13 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::connection;
+use super::deployment::deployment_name;
 use super::context::Context;
 use super::error::Error;
 use super::ownership::{NotToRemove, is_ours, owner_of};
 use super::reasons::event;
-use super::worker_user::managed_username;
+use super::resolve::CAPABILITIES_MAX_AGE;
+use super::worker_user::{self, managed_username};
 use crate::spec::{DeletionPolicy, MailerPipeline};
 use crate::topology::live::amqp_url_for;
 use crate::topology::ownership::{topology_marker, user_marker};
@@ -90,6 +92,10 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
     let namespace = pipeline.namespace().unwrap_or_default();
     ctx.metrics.forget(&namespace, &pipeline.name_any());
     ctx.forget(&format!("{namespace}/{}", pipeline.name_any()));
+    ctx.owned.forget(
+        &namespace,
+        &[deployment_name(pipeline), worker_user::secret_name(pipeline)],
+    );
     Ok(Action::await_change())
 }
 
@@ -143,7 +149,7 @@ async fn remove_from_rabbitmq(
             return Ok(report);
         }
     };
-    let management = match Management::new(&broker.endpoint) {
+    let management = match Management::shared(&broker.endpoint) {
         Ok(management) => management,
         Err(e) => {
             report
@@ -206,7 +212,7 @@ async fn remove_from_rabbitmq(
     // asked for them only when something is to be deleted.
     let capabilities = match policy {
         DeletionPolicy::Retain => BrokerCapabilities::RABBITMQ_4,
-        DeletionPolicy::Delete => match management.capabilities().await {
+        DeletionPolicy::Delete => match management.capabilities_within(CAPABILITIES_MAX_AGE).await {
             Ok(capabilities) => capabilities,
             Err(e) => {
                 let e = Error::from(e);

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rabbitmq_http_client::api::{Client, HttpClientError};
 use rabbitmq_http_client::commons::{BindingDestinationType, ExchangeType, PolicyTarget};
@@ -17,6 +17,7 @@ use rabbitmq_http_client::requests::{
 use url::Url;
 
 use super::TopologyError;
+use super::broker::BrokerCapabilities;
 use super::desired::{Binding, ExchangeKind, POLICY_PRIORITY};
 use super::diff::Change;
 use crate::redact::{MASK, credentials};
@@ -29,6 +30,37 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// more at once only makes each slower (and starves the broker's message traffic); 8
 /// keeps a broker on two cores busy without queueing work inside it.
 pub const MAX_IN_FLIGHT: usize = 8;
+
+/// The requests one piece of work made to the management API, counted by [`counted`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Requests {
+    pub reads: usize,
+    pub writes: usize,
+}
+
+#[derive(Default)]
+struct Tally {
+    reads: AtomicUsize,
+    writes: AtomicUsize,
+}
+
+tokio::task_local! {
+    /// The tally of the [`counted`] scope the current task is in, if any.
+    static TALLY: Arc<Tally>;
+}
+
+/// Runs `work` and counts the requests it makes to the management API through any
+/// client, shared ones included: what [`Management::writes`] cannot tell once a client
+/// serves several pipelines at once. Work spawned onto other tasks is not counted.
+pub async fn counted<F: Future>(work: F) -> (F::Output, Requests) {
+    let tally = Arc::new(Tally::default());
+    let output = TALLY.scope(tally.clone(), work).await;
+    let requests = Requests {
+        reads: tally.reads.load(Ordering::Relaxed),
+        writes: tally.writes.load(Ordering::Relaxed),
+    };
+    (output, requests)
+}
 
 /// Where the management API is and who to be there.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -131,6 +163,9 @@ pub struct Management {
     reads: AtomicUsize,
     writes: AtomicUsize,
     in_flight: tokio::sync::Semaphore,
+    /// The broker's capabilities and when they were read, for
+    /// [`capabilities_within`](Self::capabilities_within).
+    pub(super) capabilities: Mutex<Option<(Instant, BrokerCapabilities)>>,
 }
 
 impl Management {
@@ -154,6 +189,7 @@ impl Management {
             reads: AtomicUsize::new(0),
             writes: AtomicUsize::new(0),
             in_flight: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
+            capabilities: Mutex::new(None),
         })
     }
 
@@ -182,7 +218,8 @@ impl Management {
     }
 
     /// How many writing requests this client has made, so callers (and tests) can tell
-    /// a reconcile that changed nothing from one that did.
+    /// a pass that changed nothing from one that did. A client shared by work running at
+    /// once counts for all of it: count one piece of work with [`counted`].
     pub fn writes(&self) -> usize {
         self.writes.load(Ordering::Relaxed)
     }
@@ -192,8 +229,9 @@ impl Management {
         self.reads.load(Ordering::Relaxed)
     }
 
-    pub(super) fn count_write(&self) {
+    fn count_write(&self) {
         self.writes.fetch_add(1, Ordering::Relaxed);
+        let _ = TALLY.try_with(|tally| tally.writes.fetch_add(1, Ordering::Relaxed));
     }
 
     /// Runs a reading request once fewer than [`MAX_IN_FLIGHT`] are under way.
@@ -201,11 +239,12 @@ impl Management {
         // The semaphore is never closed, so acquiring it cannot fail.
         let _permit = self.in_flight.acquire().await.ok();
         self.reads.fetch_add(1, Ordering::Relaxed);
+        let _ = TALLY.try_with(|tally| tally.reads.fetch_add(1, Ordering::Relaxed));
         request.await
     }
 
     /// Runs a writing request once fewer than [`MAX_IN_FLIGHT`] are under way.
-    async fn bounded_write<T>(&self, request: impl Future<Output = T>) -> T {
+    pub(super) async fn bounded_write<T>(&self, request: impl Future<Output = T>) -> T {
         let _permit = self.in_flight.acquire().await.ok();
         self.count_write();
         request.await

@@ -17,7 +17,7 @@ pub mod users;
 pub use broker::BrokerCapabilities;
 pub use desired::Topology;
 pub use diff::{Change, Conflict};
-pub use management::{MAX_IN_FLIGHT, Management, ManagementEndpoint, QueueDepth};
+pub use management::{MAX_IN_FLIGHT, Management, ManagementEndpoint, QueueDepth, Requests, counted};
 pub use observe::READS_PER_PIPELINE;
 pub use reconcile::{DeleteReport, EmptinessCheck, apply, apply_all, delete, plan, plan_all};
 pub use snapshot::DEFINITIONS_FROM;

@@ -33,6 +33,7 @@ pub async fn end_to_end() {
         settings: Settings {
             worker_image: image,
             resync_interval: Duration::from_secs(30),
+            concurrency: mailer::controller::context::DEFAULT_CONCURRENCY,
             cluster_name: "default".into(),
             queue_depth_interval: Duration::from_secs(30),
             cleanup_deadline: Duration::from_secs(600),
