@@ -259,10 +259,7 @@ service: {annotations: {example.com/scrape: "true"}}
         env_value(&objects, "MAILER_RESYNC_INTERVAL"),
         Some(json!("30s"))
     );
-    assert_eq!(
-        env_value(&objects, "MAILER_CONCURRENCY"),
-        Some(json!("4"))
-    );
+    assert_eq!(env_value(&objects, "MAILER_CONCURRENCY"), Some(json!("4")));
     assert_eq!(
         env_value(&objects, "MAILER_CLUSTER_NAME"),
         Some(json!("eu-west"))

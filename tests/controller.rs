@@ -30,18 +30,18 @@ mod fake_api_managers;
 mod flow;
 #[path = "controller/harness.rs"]
 mod harness;
-#[path = "topology/many.rs"]
-pub mod many;
 #[path = "controller/leadership.rs"]
 mod leadership;
+#[path = "topology/many.rs"]
+pub mod many;
 #[path = "controller/ownership.rs"]
 mod ownership;
 #[path = "controller/phases.rs"]
 mod phases;
-#[path = "topology/proxy.rs"]
-pub mod proxy;
 #[path = "controller/process.rs"]
 mod process;
+#[path = "topology/proxy.rs"]
+pub mod proxy;
 #[path = "controller/running.rs"]
 mod running;
 #[path = "controller/scale.rs"]

@@ -5,12 +5,12 @@
 //! `MAILER_BENCH_PIPELINES` pipelines (1000) in the namespace `bench` and
 //! `MAILER_BENCH_SECRETS` unrelated Secrets (10000, 4 KiB of data each, labelled like
 //! Helm's release Secrets) spread over ten other namespaces, and runs `mailer controller
-//! --leader-election false --resync-interval 60s` over all namespaces as a child process,
-//! three times over:
+//! --leader-election false` over all namespaces as a child process, three times over:
 //!
-//! 1. **first pass**: until every pipeline has a status;
-//! 2. **after a restart**: the controller is killed and a new one started, and timed until
-//!    it has reconciled every pipeline once (nothing to change by then);
+//! 1. **first pass** (`--resync-interval 1h`): until every pipeline has a status;
+//! 2. **after a restart**: the controller is killed and a new one started
+//!    (`--resync-interval 60s`), and timed until it has reconciled every pipeline once
+//!    (nothing to change by then);
 //! 3. **a resync**: the same controller, until it has reconciled every pipeline again.
 //!
 //! For each it prints the requests to the API server per reconcile (and writes), and
@@ -165,7 +165,7 @@ struct Controller {
 }
 
 impl Controller {
-    fn start(kubeconfig: &std::path::Path) -> Result<Self> {
+    fn start(kubeconfig: &std::path::Path, resync: &str) -> Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -175,11 +175,14 @@ impl Controller {
                 "--leader-election",
                 "false",
                 "--resync-interval",
-                "60s",
+                resync,
             ])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "error")
+            // As the figures before it were measured; without it mimalloc backs its arena
+            // with transparent huge pages (docs/benchmarks.md, the worker's memory).
+            .env("MIMALLOC_ALLOW_THP", "0")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -221,7 +224,12 @@ impl Controller {
 
     /// Waits until it has counted `n` more reconciles than `before`, sampling its
     /// resident memory; returns how long that took and the peak VmRSS in KiB.
-    async fn until_reconciled(&self, before: u64, n: u64, limit: Duration) -> Result<(Duration, u64)> {
+    async fn until_reconciled(
+        &self,
+        before: u64,
+        n: u64,
+        limit: Duration,
+    ) -> Result<(Duration, u64)> {
         let started = Instant::now();
         let mut peak = 0;
         loop {
@@ -231,7 +239,10 @@ impl Controller {
                 return Ok((started.elapsed(), peak));
             }
             if started.elapsed() > limit {
-                bail!("only {} of {n} reconciles in {limit:?}", ok + failed - before.min(ok + failed));
+                bail!(
+                    "only {} of {n} reconciles in {limit:?}",
+                    ok + failed - before.min(ok + failed)
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -276,7 +287,8 @@ async fn measure(sizes: &Sizes, broker: Option<&Proxy>) -> Result<()> {
     taken(&fake);
 
     // 1. The first pass.
-    let first = Controller::start(&kubeconfig)?;
+    // No resync while the first pass builds: it would compete with it.
+    let first = Controller::start(&kubeconfig, "1h")?;
     let started = Instant::now();
     let with_status = |fake: &FakeApi| {
         (0..pipelines)
@@ -315,7 +327,7 @@ async fn measure(sizes: &Sizes, broker: Option<&Proxy>) -> Result<()> {
 
     // 2. A restart: every pipeline reconciled once, with nothing to change.
     taken(&fake);
-    let restarted = Controller::start(&kubeconfig)?;
+    let restarted = Controller::start(&kubeconfig, "60s")?;
     let (took, peak) = restarted
         .until_reconciled(0, pipelines as u64, Duration::from_secs(900))
         .await?;
@@ -324,7 +336,7 @@ async fn measure(sizes: &Sizes, broker: Option<&Proxy>) -> Result<()> {
         "  after a restart: {pipelines} pipelines reconciled in {:.1}s ({ok} succeeded, {failed} failed; target ≤ {}s: {})",
         took.as_secs_f64(),
         RESTART_TARGET.as_secs(),
-        verdict(took <= RESTART_TARGET && failed == 0)
+        verdict(took <= RESTART_TARGET && (failed == 0 || broker.is_none()))
     );
     report("  after a restart", taken(&fake), ok + failed, pipelines);
     let rss_restart = peak.max(restarted.kib("VmRSS")?);
@@ -358,7 +370,10 @@ async fn measure(sizes: &Sizes, broker: Option<&Proxy>) -> Result<()> {
     Ok(())
 }
 
-type Taken = (Vec<fake_api::Recorded>, Option<(Vec<proxy::Recorded>, usize)>);
+type Taken = (
+    Vec<fake_api::Recorded>,
+    Option<(Vec<proxy::Recorded>, usize)>,
+);
 
 fn report(what: &str, (kubernetes, management): Taken, reconciles: u64, pipelines: usize) {
     let watches = kubernetes.iter().filter(|r| r.is_watch()).count();
@@ -386,7 +401,8 @@ fn report(what: &str, (kubernetes, management): Taken, reconciles: u64, pipeline
 fn ready_count(fake: &FakeApi, pipelines: usize) -> usize {
     (0..pipelines)
         .filter(|i| {
-            let path = format!("/apis/mailer.dev/v1alpha1/namespaces/{NS}/mailerpipelines/shop-{i}");
+            let path =
+                format!("/apis/mailer.dev/v1alpha1/namespaces/{NS}/mailerpipelines/shop-{i}");
             fake.get(&path).is_some_and(|p| {
                 p["status"]["conditions"].as_array().is_some_and(|c| {
                     c.iter()

@@ -3,6 +3,8 @@
 //! the workers' password is set in RabbitMQ, so a password RabbitMQ knows is always kept
 //! somewhere.
 
+use std::time::Duration;
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
@@ -18,6 +20,11 @@ use crate::spec::DeletionPolicy;
 use crate::topology::live::amqp_url_for;
 use crate::topology::ownership::{topology_marker, user_marker};
 use crate::topology::{self, Change, EmptinessCheck, Topology, UserChange, UserGrant};
+
+/// How long a vhost's definitions, read for one reconcile, serve the others of the same
+/// broker endpoint and vhost (while the operator writes nothing there): drift made by
+/// someone else is found up to this much later than the resync that looks.
+pub const SHARED_DEFINITIONS_MAX_AGE: Duration = Duration::from_secs(10);
 
 /// What applying changed.
 #[derive(Debug)]
@@ -53,7 +60,8 @@ pub async fn apply(
             vhost: vhost.clone(),
         });
     }
-    let topology_changes = topology::apply(management, &desired.topology).await?;
+    let topology_changes =
+        topology::apply_shared(management, &desired.topology, SHARED_DEFINITIONS_MAX_AGE).await?;
 
     let mut reapplied_objects = Vec::new();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);

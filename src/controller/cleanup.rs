@@ -19,8 +19,8 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::connection;
-use super::deployment::deployment_name;
 use super::context::Context;
+use super::deployment::deployment_name;
 use super::error::Error;
 use super::ownership::{NotToRemove, is_ours, owner_of};
 use super::reasons::event;
@@ -94,7 +94,10 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
     ctx.forget(&format!("{namespace}/{}", pipeline.name_any()));
     ctx.owned.forget(
         &namespace,
-        &[deployment_name(pipeline), worker_user::secret_name(pipeline)],
+        &[
+            deployment_name(pipeline),
+            worker_user::secret_name(pipeline),
+        ],
     );
     Ok(Action::await_change())
 }
@@ -212,19 +215,21 @@ async fn remove_from_rabbitmq(
     // asked for them only when something is to be deleted.
     let capabilities = match policy {
         DeletionPolicy::Retain => BrokerCapabilities::RABBITMQ_4,
-        DeletionPolicy::Delete => match management.capabilities_within(CAPABILITIES_MAX_AGE).await {
-            Ok(capabilities) => capabilities,
-            Err(e) => {
-                let e = Error::from(e);
-                report.not_cleaned_up.push(format!(
-                    "the topology in vhost {:?}: {}",
-                    spec.rabbitmq.vhost,
-                    e.public_message()
-                ));
-                note_transient(e);
-                return Ok(report);
+        DeletionPolicy::Delete => {
+            match management.capabilities_within(CAPABILITIES_MAX_AGE).await {
+                Ok(capabilities) => capabilities,
+                Err(e) => {
+                    let e = Error::from(e);
+                    report.not_cleaned_up.push(format!(
+                        "the topology in vhost {:?}: {}",
+                        spec.rabbitmq.vhost,
+                        e.public_message()
+                    ));
+                    note_transient(e);
+                    return Ok(report);
+                }
             }
-        },
+        }
     };
     let desired = match Topology::desired(&spec.rabbitmq.vhost, &spec.topology, capabilities) {
         Ok(desired) => desired,

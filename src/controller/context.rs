@@ -11,8 +11,8 @@ use kube::core::DeserializeGuard;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
-use super::meta::FIELD_MANAGER;
 use super::autoscaling::KedaDiscovery;
+use super::meta::FIELD_MANAGER;
 use super::metrics::Metrics;
 use super::owned::OwnedCaches;
 use crate::spec::MailerPipeline;

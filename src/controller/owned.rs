@@ -86,7 +86,11 @@ impl OwnedCaches {
 
     /// Notes the operator's write of `object`, as the API server returned it.
     pub fn written<K: Owned>(&self, object: &K) {
-        let key = (K::KIND, object.namespace().unwrap_or_default(), object.name_any());
+        let key = (
+            K::KIND,
+            object.namespace().unwrap_or_default(),
+            object.name_any(),
+        );
         let mut written = lock(&self.written);
         match object.resource_version() {
             Some(version) => written.insert(key, version),
@@ -102,7 +106,7 @@ impl OwnedCaches {
     /// `namespace/name` from a cache that has synced, if one holds it, in the version the
     /// operator last wrote (when it wrote it since it started).
     pub fn cached<K: Owned>(&self, namespace: &str, name: &str) -> Option<K> {
-        let found = self.from_stores::<K>(namespace, name)?;
+        let found = self.in_stores::<K>(namespace, name)?;
         let key = (K::KIND, namespace.to_string(), name.to_string());
         let current = lock(&self.written)
             .get(&key)
@@ -110,7 +114,7 @@ impl OwnedCaches {
         current.then_some(found)
     }
 
-    fn from_stores<K: Owned>(&self, namespace: &str, name: &str) -> Option<K> {
+    fn in_stores<K: Owned>(&self, namespace: &str, name: &str) -> Option<K> {
         let key = ObjectRef::<K>::new(name).within(namespace);
         lock(&self.scopes).iter().find_map(|stores| {
             let store = K::store(stores);

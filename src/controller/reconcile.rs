@@ -86,11 +86,7 @@ pub fn error_policy<K: Resource>(pipeline: Arc<K>, error: &Error, ctx: Arc<Conte
 
 /// What places a pipeline in the resync interval: its uid, or `namespace/name`.
 fn resync_key<K: Resource>(object: &K) -> String {
-    object
-        .meta()
-        .uid
-        .clone()
-        .unwrap_or_else(|| key_of(object))
+    object.meta().uid.clone().unwrap_or_else(|| key_of(object))
 }
 
 /// `namespace/name`, the key of a pipeline's backoff and logs.

@@ -79,7 +79,8 @@ impl Management {
         *self
             .capabilities
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((Instant::now(), capabilities));
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((Instant::now(), capabilities));
         Ok(capabilities)
     }
 }

@@ -20,6 +20,7 @@ use super::TopologyError;
 use super::broker::BrokerCapabilities;
 use super::desired::{Binding, ExchangeKind, POLICY_PRIORITY};
 use super::diff::Change;
+use super::snapshot::SharedSnapshots;
 use crate::redact::{MASK, credentials};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -166,6 +167,10 @@ pub struct Management {
     /// The broker's capabilities and when they were read, for
     /// [`capabilities_within`](Self::capabilities_within).
     pub(super) capabilities: Mutex<Option<(Instant, BrokerCapabilities)>>,
+    /// Definitions shared by work running at once ([`shared_snapshot`](Self::shared_snapshot)).
+    pub(super) snapshots: Mutex<SharedSnapshots>,
+    /// Held while definitions are read for [`shared_snapshot`](Self::shared_snapshot).
+    pub(super) snapshot_read: tokio::sync::Mutex<()>,
 }
 
 impl Management {
@@ -190,6 +195,8 @@ impl Management {
             writes: AtomicUsize::new(0),
             in_flight: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
             capabilities: Mutex::new(None),
+            snapshots: Mutex::default(),
+            snapshot_read: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -256,6 +263,7 @@ impl Management {
 
     /// Makes one change in `vhost`.
     pub async fn write(&self, vhost: &str, change: &Change) -> Result<(), TopologyError> {
+        self.wrote_to(vhost);
         self.request(vhost, change)
             .await
             .map_err(|e| self.error(&change.to_string(), e))
@@ -323,6 +331,7 @@ impl Management {
     }
 
     pub async fn delete_binding(&self, vhost: &str, b: &Binding) -> Result<(), TopologyError> {
+        self.wrote_to(vhost);
         let params = BindingDeletionParams {
             virtual_host: vhost,
             source: &b.exchange,
@@ -343,18 +352,21 @@ impl Management {
     }
 
     pub async fn delete_exchange(&self, vhost: &str, name: &str) -> Result<(), TopologyError> {
+        self.wrote_to(vhost);
         self.bounded_write(self.api.delete_exchange(vhost, name, true))
             .await
             .map_err(|e| self.error(&format!("delete exchange {name}"), e))
     }
 
     pub async fn delete_queue(&self, vhost: &str, name: &str) -> Result<(), TopologyError> {
+        self.wrote_to(vhost);
         self.bounded_write(self.api.delete_queue(vhost, name, true))
             .await
             .map_err(|e| self.error(&format!("delete queue {name}"), e))
     }
 
     pub async fn delete_policy(&self, vhost: &str, name: &str) -> Result<(), TopologyError> {
+        self.wrote_to(vhost);
         self.bounded_write(self.api.delete_policy(vhost, name, true))
             .await
             .map_err(|e| self.error(&format!("delete policy {name}"), e))

@@ -17,9 +17,13 @@ pub mod users;
 pub use broker::BrokerCapabilities;
 pub use desired::Topology;
 pub use diff::{Change, Conflict};
-pub use management::{MAX_IN_FLIGHT, Management, ManagementEndpoint, QueueDepth, Requests, counted};
+pub use management::{
+    MAX_IN_FLIGHT, Management, ManagementEndpoint, QueueDepth, Requests, counted,
+};
 pub use observe::READS_PER_PIPELINE;
-pub use reconcile::{DeleteReport, EmptinessCheck, apply, apply_all, delete, plan, plan_all};
+pub use reconcile::{
+    DeleteReport, EmptinessCheck, apply, apply_all, apply_shared, delete, plan, plan_all,
+};
 pub use snapshot::DEFINITIONS_FROM;
 pub use users::{Permissions, UserChange, UserGrant};
 

@@ -49,7 +49,10 @@ impl Management {
     /// The owner `marker` names, if it exists. A marker that does not read as an owner
     /// (written by hand) is someone else's.
     pub async fn owner(&self, marker: &str) -> Result<Option<Owner>, TopologyError> {
-        match self.read(self.api.get_global_runtime_parameter(marker)).await {
+        match self
+            .read(self.api.get_global_runtime_parameter(marker))
+            .await
+        {
             Ok(parameter) => {
                 let value: serde_json::Value = parameter.value.into();
                 Ok(Some(serde_json::from_value(value).unwrap_or_else(|_| {
