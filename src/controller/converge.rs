@@ -39,7 +39,9 @@ pub async fn converge(
     pipeline: &MailerPipeline,
     live_deployment: Option<Deployment>,
 ) -> Result<Converged, Error> {
-    let (converged, requests) = counted(converge_uncounted(ctx, pipeline, live_deployment)).await;
+    // Boxed: the phases' future is large, and a reconcile may run on a small stack.
+    let work = Box::pin(converge_uncounted(ctx, pipeline, live_deployment));
+    let (converged, requests) = counted(work).await;
     converged.map(|converged| Converged {
         rabbitmq: requests,
         ..converged
