@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 
+use crate::controller::apply::SHARED_DEFINITIONS_MAX_AGE;
 use crate::controller::context::{DEFAULT_CONCURRENCY, QUEUE_DEPTH_INTERVAL};
 use crate::controller::{LeaderOptions, Options, Settings};
 
@@ -138,6 +139,7 @@ impl ControllerArgs {
                 concurrency: self.concurrency,
                 cluster_name: self.cluster_name,
                 queue_depth_interval: QUEUE_DEPTH_INTERVAL,
+                definitions_max_age: SHARED_DEFINITIONS_MAX_AGE,
                 cleanup_deadline: self.cleanup_deadline,
             },
             metrics_addr: self.metrics_addr,

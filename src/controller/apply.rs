@@ -60,8 +60,12 @@ pub async fn apply(
             vhost: vhost.clone(),
         });
     }
-    let topology_changes =
-        topology::apply_shared(management, &desired.topology, SHARED_DEFINITIONS_MAX_AGE).await?;
+    let topology_changes = topology::apply_shared(
+        management,
+        &desired.topology,
+        ctx.settings.definitions_max_age,
+    )
+    .await?;
 
     let mut reapplied_objects = Vec::new();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);

@@ -152,7 +152,7 @@ async fn remove_from_rabbitmq(
             return Ok(report);
         }
     };
-    let management = match Management::shared(&broker.endpoint) {
+    let management = match ctx.brokers.get(&broker.endpoint) {
         Ok(management) => management,
         Err(e) => {
             report

@@ -17,6 +17,7 @@ use super::metrics::Metrics;
 use super::owned::OwnedCaches;
 use crate::spec::MailerPipeline;
 use crate::text::truncate_bytes;
+use crate::topology::Clients;
 
 /// The first delay after a transient failure; it doubles with each failure in a row.
 pub const FIRST_BACKOFF: Duration = Duration::from_secs(5);
@@ -40,6 +41,11 @@ pub struct Settings {
     /// The least time between two readings of a pipeline's queue depths (so between
     /// two status writes for depths alone); 30s.
     pub queue_depth_interval: Duration,
+    /// How long a vhost's definitions, read for one reconcile, serve the others of the
+    /// same broker and vhost while the operator writes nothing there
+    /// ([`SHARED_DEFINITIONS_MAX_AGE`](super::apply::SHARED_DEFINITIONS_MAX_AGE)); zero:
+    /// each reconcile reads its pipeline's objects by name.
+    pub definitions_max_age: Duration,
     /// How long after a pipeline's `deletionTimestamp` a cleanup that failed for now
     /// (the broker unreachable) is retried before the finalizer goes anyway.
     pub cleanup_deadline: Duration,
@@ -75,6 +81,8 @@ pub struct Context {
     pub owned: OwnedCaches,
     /// Whether KEDA is installed, as last found out.
     pub keda: KedaDiscovery,
+    /// One management client per broker endpoint, shared by every reconcile.
+    pub brokers: Clients,
 }
 
 impl Context {
@@ -99,6 +107,7 @@ impl Context {
             dead_letters_told: Mutex::new(HashMap::new()),
             owned: OwnedCaches::default(),
             keda: KedaDiscovery::default(),
+            brokers: Clients::default(),
         }
     }
 

@@ -59,7 +59,7 @@ async fn converge_uncounted(
         pipeline,
         &ctx.known_pipelines(|other| same_claim(other, pipeline)),
     )?;
-    let resolved = resolve(client, &ctx.owned, pipeline, live_deployment).await?;
+    let resolved = resolve(client, &ctx.brokers, &ctx.owned, pipeline, live_deployment).await?;
     let valid = validate(pipeline, &resolved, &settings.cluster_name)?;
     let desired = desired(&valid, &resolved, settings)?;
     let keda = autoscaling::resolve(client, &ctx.keda, pipeline, &valid.namespace).await?;

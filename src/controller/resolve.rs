@@ -17,7 +17,7 @@ use super::owned::OwnedCaches;
 use super::references::{SecretRole, secrets_read};
 use super::worker_user;
 use crate::spec::MailerPipeline;
-use crate::topology::{BrokerCapabilities, Management};
+use crate::topology::{BrokerCapabilities, Clients, Management};
 
 /// How long the broker's version (what it supports) read by one reconcile serves the
 /// others of the same broker endpoint: a broker upgraded from 3.x to 4.x gets the 4.x
@@ -55,6 +55,7 @@ impl Resolved {
 /// Reads what `pipeline` references; `deployment` is its worker Deployment, read before.
 pub async fn resolve(
     client: &Client,
+    brokers: &Clients,
     owned: &OwnedCaches,
     pipeline: &MailerPipeline,
     deployment: Option<Deployment>,
@@ -65,7 +66,7 @@ pub async fn resolve(
     let rabbitmq = &pipeline.spec.rabbitmq;
     let broker = if rabbitmq.connection_secret.is_some() || rabbitmq.cluster_ref.is_some() {
         let broker = connection::resolve(client, pipeline).await?;
-        let management = Management::shared(&broker.endpoint)?;
+        let management = brokers.get(&broker.endpoint)?;
         let capabilities = management.capabilities_within(CAPABILITIES_MAX_AGE).await?;
         Some(ResolvedBroker {
             broker,

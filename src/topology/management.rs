@@ -156,6 +156,31 @@ impl fmt::Debug for ManagementEndpoint {
     }
 }
 
+/// Clients of management APIs, one per endpoint and user, each made at its first use and
+/// kept as long as this is: what [`Management::shared`] keeps for the whole process. Its
+/// connections belong to the tokio runtime that first used it, so work on another
+/// runtime (each test has its own) keeps clients of its own.
+#[derive(Default)]
+pub struct Clients {
+    by_endpoint: Mutex<HashMap<ManagementEndpoint, Arc<Management>>>,
+}
+
+impl Clients {
+    /// The client of `endpoint`.
+    pub fn get(&self, endpoint: &ManagementEndpoint) -> Result<Arc<Management>, TopologyError> {
+        let mut clients = self
+            .by_endpoint
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(client) = clients.get(endpoint) {
+            return Ok(client.clone());
+        }
+        let client = Arc::new(Management::new(endpoint)?);
+        clients.insert(endpoint.clone(), client.clone());
+        Ok(client)
+    }
+}
+
 /// A client of one broker's management API. Its HTTP connections are pooled and kept
 /// alive, so one client serves every pipeline of a pass (share it by reference).
 pub struct Management {
@@ -206,18 +231,8 @@ impl Management {
     /// process (one per endpoint and set of credentials ever used). Its
     /// [`writes`](Self::writes) and [`reads`](Self::reads) count for every user of it.
     pub fn shared(endpoint: &ManagementEndpoint) -> Result<Arc<Self>, TopologyError> {
-        static CLIENTS: OnceLock<Mutex<HashMap<ManagementEndpoint, Arc<Management>>>> =
-            OnceLock::new();
-        let mut clients = CLIENTS
-            .get_or_init(Mutex::default)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(client) = clients.get(endpoint) {
-            return Ok(client.clone());
-        }
-        let client = Arc::new(Self::new(endpoint)?);
-        clients.insert(endpoint.clone(), client.clone());
-        Ok(client)
+        static CLIENTS: OnceLock<Clients> = OnceLock::new();
+        CLIENTS.get_or_init(Clients::default).get(endpoint)
     }
 
     pub fn endpoint(&self) -> &ManagementEndpoint {

@@ -18,7 +18,7 @@ pub use broker::BrokerCapabilities;
 pub use desired::Topology;
 pub use diff::{Change, Conflict};
 pub use management::{
-    MAX_IN_FLIGHT, Management, ManagementEndpoint, QueueDepth, Requests, counted,
+    Clients, MAX_IN_FLIGHT, Management, ManagementEndpoint, QueueDepth, Requests, counted,
 };
 pub use observe::READS_PER_PIPELINE;
 pub use reconcile::{

@@ -57,13 +57,16 @@ impl Management {
     /// The definitions of `vhost` as read at most `max_age` ago and after this client's
     /// last write there, else read now, but only when nothing was written there through
     /// this client for `max_age` (a vhost being built is read by name); `None` when there
-    /// are none to use. One read at a time per client, so work running at once shares
-    /// it.
+    /// are none to use (always, for a zero `max_age`). One read at a time per client, so
+    /// work running at once shares it.
     pub(super) async fn shared_snapshot(
         &self,
         vhost: &str,
         max_age: Duration,
     ) -> Result<Option<Arc<Snapshot>>, TopologyError> {
+        if max_age.is_zero() {
+            return Ok(None);
+        }
         let cached = |this: &Self| {
             let shared = this
                 .snapshots
@@ -88,14 +91,22 @@ impl Management {
             return Ok(found);
         }
         let at = Instant::now();
-        // A vhost this user may not read whole is read by name, until `max_age` passed.
-        let found = self.snapshot(vhost).await?.map(Arc::new);
+        // A vhost this user may not read whole is read by name until `max_age` passed,
+        // and so is one whose definitions could not be read (those waiting meanwhile do
+        // not each wait for another try).
+        let (kept, found) = match self.snapshot(vhost).await {
+            Ok(snapshot) => {
+                let kept = snapshot.map(Arc::new);
+                (kept.clone(), Ok(kept))
+            }
+            Err(e) => (None, Err(e)),
+        };
         self.snapshots
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .read
-            .insert(vhost.to_string(), (at, found.clone()));
-        Ok(found)
+            .insert(vhost.to_string(), (at, kept));
+        found
     }
 
     /// The definitions of `vhost`, or `None` when this user may not read them (they need

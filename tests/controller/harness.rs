@@ -76,6 +76,8 @@ pub fn harness_tuned(tune: impl FnOnce(&mut Settings)) -> Harness {
         cluster_name: "default".into(),
         // Every reconcile reads them, so a test sees a new depth at once.
         queue_depth_interval: Duration::ZERO,
+        // Each reconcile reads what it compares, so a test sees a change at once.
+        definitions_max_age: Duration::ZERO,
         cleanup_deadline: CLEANUP_DEADLINE,
     };
     tune(&mut settings);
