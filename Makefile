@@ -56,6 +56,7 @@ crd:
 bench:
 	cargo bench --bench worker
 	cargo bench --bench topology
+	MAILER_BENCH_BROKER=1 cargo bench --bench controller
 
 # The release image, through the Dockerfile's runtime stage, from the binary `cargo build
 # --release` made, on a base assembled from this machine's Debian packages; left in

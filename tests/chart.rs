@@ -144,6 +144,7 @@ fn the_defaults_make_the_operator_with_a_cluster_role() {
         vec![
             ("MAILER_WORKER_IMAGE".into(), json!(DEFAULT_WORKER_IMAGE)),
             ("MAILER_RESYNC_INTERVAL".into(), json!("5m")),
+            ("MAILER_CONCURRENCY".into(), json!("16")),
             ("MAILER_CLUSTER_NAME".into(), json!("default")),
             ("MAILER_METRICS_ADDR".into(), json!("0.0.0.0:8080")),
             ("MAILER_LEADER_ELECTION".into(), json!("true")),
@@ -225,6 +226,7 @@ affinity:
           labelSelector: {matchLabels: {app.kubernetes.io/name: mailer-operator}}
 priorityClassName: system-cluster-critical
 resyncInterval: 30s
+concurrency: 4
 clusterName: eu-west
 logFormat: text
 logLevel: mailer=debug,info
@@ -257,6 +259,7 @@ service: {annotations: {example.com/scrape: "true"}}
         env_value(&objects, "MAILER_RESYNC_INTERVAL"),
         Some(json!("30s"))
     );
+    assert_eq!(env_value(&objects, "MAILER_CONCURRENCY"), Some(json!("4")));
     assert_eq!(
         env_value(&objects, "MAILER_CLUSTER_NAME"),
         Some(json!("eu-west"))

@@ -32,6 +32,8 @@ mod flow;
 mod harness;
 #[path = "controller/leadership.rs"]
 mod leadership;
+#[path = "topology/many.rs"]
+pub mod many;
 #[path = "controller/ownership.rs"]
 mod ownership;
 #[path = "controller/phases.rs"]
@@ -40,8 +42,12 @@ mod phases;
 mod process;
 #[path = "controller/provider_ca.rs"]
 mod provider_ca;
+#[path = "topology/proxy.rs"]
+pub mod proxy;
 #[path = "controller/running.rs"]
 mod running;
+#[path = "controller/scale.rs"]
+mod scale;
 #[path = "controller/status.rs"]
 mod status;
 #[path = "controller/tenancy.rs"]

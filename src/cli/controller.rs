@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 
-use crate::controller::context::QUEUE_DEPTH_INTERVAL;
+use crate::controller::apply::SHARED_DEFINITIONS_MAX_AGE;
+use crate::controller::context::{DEFAULT_CONCURRENCY, QUEUE_DEPTH_INTERVAL};
 use crate::controller::{LeaderOptions, Options, Settings};
 
 /// Where the release images are published; the chart, `deploy/operator.yaml` and the
@@ -28,6 +29,11 @@ pub struct ControllerArgs {
     /// then is repaired.
     #[arg(long, env = "MAILER_RESYNC_INTERVAL", default_value = "5m", value_parser = humantime::parse_duration)]
     resync_interval: Duration,
+    /// How many pipelines are reconciled at once (per watched namespace): bounds the
+    /// controller's memory and its load on the API server and the brokers at start and
+    /// at each resync.
+    #[arg(long, env = "MAILER_CONCURRENCY", default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..))]
+    concurrency: u16,
     /// The worker image for pipelines that name none: normally the operator's own.
     #[arg(long, env = "MAILER_WORKER_IMAGE", default_value = DEFAULT_WORKER_IMAGE)]
     worker_image: String,
@@ -130,8 +136,10 @@ impl ControllerArgs {
             settings: Settings {
                 worker_image: self.worker_image,
                 resync_interval: self.resync_interval,
+                concurrency: self.concurrency,
                 cluster_name: self.cluster_name,
                 queue_depth_interval: QUEUE_DEPTH_INTERVAL,
+                definitions_max_age: SHARED_DEFINITIONS_MAX_AGE,
                 cleanup_deadline: self.cleanup_deadline,
             },
             metrics_addr: self.metrics_addr,

@@ -3,11 +3,13 @@
 //! the workers' password is set in RabbitMQ, so a password RabbitMQ knows is always kept
 //! somewhere.
 
+use std::time::Duration;
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
-use kube::Client;
 use kube::api::Api;
 
+use super::context::Context;
 use super::deployment::SECRETS_HASH_ANNOTATION;
 use super::desired::Desired;
 use super::error::Error;
@@ -18,6 +20,11 @@ use crate::spec::DeletionPolicy;
 use crate::topology::live::amqp_url_for;
 use crate::topology::ownership::{topology_marker, user_marker};
 use crate::topology::{self, Change, EmptinessCheck, Topology, UserChange, UserGrant};
+
+/// How long a vhost's definitions, read for one reconcile, serve the others of the same
+/// broker endpoint and vhost (while the operator writes nothing there): drift made by
+/// someone else is found up to this much later than the resync that looks.
+pub const SHARED_DEFINITIONS_MAX_AGE: Duration = Duration::from_secs(10);
 
 /// What applying changed.
 #[derive(Debug)]
@@ -31,18 +38,17 @@ pub struct Applied {
     pub reapplied_objects: Vec<String>,
     /// The worker Deployment as it is now.
     pub deployment: Option<Deployment>,
-    /// Writing requests made to RabbitMQ's management API: 0 when it was in sync.
-    pub rabbitmq_writes: usize,
     /// What was done in, or kept of, the vhost the pipeline left.
     pub left_behind: Vec<String>,
 }
 
 pub async fn apply(
-    client: &Client,
+    ctx: &Context,
     valid: &Validated<'_>,
     resolved: &Resolved,
     desired: &Desired,
 ) -> Result<Applied, Error> {
+    let client = &ctx.client;
     let namespace = &valid.namespace;
     let management = &valid.broker.management;
     let vhost = &desired.topology.vhost;
@@ -54,7 +60,12 @@ pub async fn apply(
             vhost: vhost.clone(),
         });
     }
-    let topology_changes = topology::apply(management, &desired.topology).await?;
+    let topology_changes = topology::apply_shared(
+        management,
+        &desired.topology,
+        ctx.settings.definitions_max_age,
+    )
+    .await?;
 
     let mut reapplied_objects = Vec::new();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
@@ -63,6 +74,9 @@ pub async fn apply(
     let applied_secret = apply_if_changed(&secrets, &desired.worker_secret, live_secret)
         .await
         .map_err(|e| Error::kube(format!("apply Secret {namespace}/{secret_name}"), e))?;
+    if let Some(applied) = &applied_secret {
+        ctx.owned.written(applied);
+    }
     if applied_secret.is_some() && live_secret.is_some() {
         reapplied_objects.push(format!("Secret {secret_name}"));
     }
@@ -97,6 +111,9 @@ pub async fn apply(
     let applied = apply_if_changed(&deployments, &desired.deployment, live)
         .await
         .map_err(|e| Error::kube(format!("apply Deployment {namespace}/{name}"), e))?;
+    if let Some(applied) = &applied {
+        ctx.owned.written(applied);
+    }
     // A Deployment whose Secrets' hash is the one desired differed in something else.
     if applied.is_some()
         && live.is_some_and(|live| {
@@ -114,7 +131,6 @@ pub async fn apply(
         user_changes,
         reapplied_objects,
         deployment: applied.or_else(|| resolved.deployment.clone()),
-        rabbitmq_writes: management.writes(),
     })
 }
 

@@ -11,6 +11,9 @@
 //! When KEDA is not installed (its API group is not served), nothing of it is applied
 //! and the workers' condition says what to install; the rest of the pipeline works.
 
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject};
@@ -85,6 +88,37 @@ pub fn desired_trigger_authentication(pipeline: &MailerPipeline) -> Result<Dynam
     Ok(object)
 }
 
+/// How long one reconcile's finding of whether KEDA is installed serves the others: KEDA
+/// installed later is used within a minute.
+pub const KEDA_DISCOVERY_MAX_AGE: Duration = Duration::from_secs(60);
+
+/// Whether KEDA is installed, as last found out, shared by every reconcile.
+#[derive(Default)]
+pub struct KedaDiscovery {
+    found: Mutex<Option<(Instant, bool)>>,
+}
+
+impl KedaDiscovery {
+    /// Whether KEDA is installed, as found out at most [`KEDA_DISCOVERY_MAX_AGE`] ago, else
+    /// asked now.
+    pub async fn installed(&self, client: &Client) -> Result<bool, Error> {
+        let lock = || {
+            self.found
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        let fresh = *lock();
+        if let Some((at, installed)) = fresh
+            && at.elapsed() < KEDA_DISCOVERY_MAX_AGE
+        {
+            return Ok(installed);
+        }
+        let installed = keda_installed(client).await?;
+        *lock() = Some((Instant::now(), installed));
+        Ok(installed)
+    }
+}
+
 /// Whether the API server serves KEDA's ScaledObject and TriggerAuthentication.
 pub async fn keda_installed(client: &Client) -> Result<bool, Error> {
     match client.list_api_group_resources(KEDA_GROUP_VERSION).await {
@@ -138,10 +172,11 @@ fn apis(client: &Client, namespace: &str) -> [(Api<DynamicObject>, &'static str)
 /// one of their names that another controls is a `Conflict` here, before any write.
 pub async fn resolve(
     client: &Client,
+    discovery: &KedaDiscovery,
     pipeline: &MailerPipeline,
     namespace: &str,
 ) -> Result<LiveKeda, Error> {
-    if !keda_installed(client).await? {
+    if !discovery.installed(client).await? {
         return Ok(LiveKeda::default());
     }
     let name = deployment_name(pipeline);

@@ -20,10 +20,12 @@ use kube::{Resource, ResourceExt};
 
 use super::connection;
 use super::context::Context;
+use super::deployment::deployment_name;
 use super::error::Error;
 use super::ownership::{NotToRemove, is_ours, owner_of};
 use super::reasons::event;
-use super::worker_user::managed_username;
+use super::resolve::CAPABILITIES_MAX_AGE;
+use super::worker_user::{self, managed_username};
 use crate::spec::{DeletionPolicy, MailerPipeline};
 use crate::topology::live::amqp_url_for;
 use crate::topology::ownership::{topology_marker, user_marker};
@@ -90,6 +92,13 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
     let namespace = pipeline.namespace().unwrap_or_default();
     ctx.metrics.forget(&namespace, &pipeline.name_any());
     ctx.forget(&format!("{namespace}/{}", pipeline.name_any()));
+    ctx.owned.forget(
+        &namespace,
+        &[
+            deployment_name(pipeline),
+            worker_user::secret_name(pipeline),
+        ],
+    );
     Ok(Action::await_change())
 }
 
@@ -143,7 +152,7 @@ async fn remove_from_rabbitmq(
             return Ok(report);
         }
     };
-    let management = match Management::new(&broker.endpoint) {
+    let management = match ctx.brokers.get(&broker.endpoint) {
         Ok(management) => management,
         Err(e) => {
             report
@@ -206,19 +215,21 @@ async fn remove_from_rabbitmq(
     // asked for them only when something is to be deleted.
     let capabilities = match policy {
         DeletionPolicy::Retain => BrokerCapabilities::RABBITMQ_4,
-        DeletionPolicy::Delete => match management.capabilities().await {
-            Ok(capabilities) => capabilities,
-            Err(e) => {
-                let e = Error::from(e);
-                report.not_cleaned_up.push(format!(
-                    "the topology in vhost {:?}: {}",
-                    spec.rabbitmq.vhost,
-                    e.public_message()
-                ));
-                note_transient(e);
-                return Ok(report);
+        DeletionPolicy::Delete => {
+            match management.capabilities_within(CAPABILITIES_MAX_AGE).await {
+                Ok(capabilities) => capabilities,
+                Err(e) => {
+                    let e = Error::from(e);
+                    report.not_cleaned_up.push(format!(
+                        "the topology in vhost {:?}: {}",
+                        spec.rabbitmq.vhost,
+                        e.public_message()
+                    ));
+                    note_transient(e);
+                    return Ok(report);
+                }
             }
-        },
+        }
     };
     let desired = match Topology::desired(&spec.rabbitmq.vhost, &spec.topology, capabilities) {
         Ok(desired) => desired,

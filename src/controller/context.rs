@@ -11,10 +11,13 @@ use kube::core::DeserializeGuard;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
+use super::autoscaling::KedaDiscovery;
 use super::meta::FIELD_MANAGER;
 use super::metrics::Metrics;
+use super::owned::OwnedCaches;
 use crate::spec::MailerPipeline;
 use crate::text::truncate_bytes;
+use crate::topology::Clients;
 
 /// The first delay after a transient failure; it doubles with each failure in a row.
 pub const FIRST_BACKOFF: Duration = Duration::from_secs(5);
@@ -30,15 +33,31 @@ pub struct Settings {
     /// Kubernetes, and how long a pipeline that cannot work waits before it is tried
     /// again (a change of it, or of a Secret it names, tries it at once).
     pub resync_interval: Duration,
+    /// `--concurrency`: how many pipelines are reconciled at once, per controller (one
+    /// per watched namespace, or one for all).
+    pub concurrency: u16,
     /// `--cluster-name`: part of the workers' user names and of owner markers.
     pub cluster_name: String,
     /// The least time between two readings of a pipeline's queue depths (so between
     /// two status writes for depths alone); 30s.
     pub queue_depth_interval: Duration,
+    /// How long a vhost's definitions, read for one reconcile, serve the others of the
+    /// same broker and vhost while the operator writes nothing there
+    /// ([`SHARED_DEFINITIONS_MAX_AGE`](super::apply::SHARED_DEFINITIONS_MAX_AGE)); zero:
+    /// each reconcile reads its pipeline's objects by name.
+    pub definitions_max_age: Duration,
     /// How long after a pipeline's `deletionTimestamp` a cleanup that failed for now
     /// (the broker unreachable) is retried before the finalizer goes anyway.
     pub cleanup_deadline: Duration,
 }
+
+/// Reconciles running at once, per controller, unless `--concurrency` says otherwise.
+pub const DEFAULT_CONCURRENCY: u16 = 16;
+
+/// The most by which a pipeline's resync comes before the resync interval, as a share
+/// of it: pipelines reconciled together (all of them, after a restart) are compared with
+/// RabbitMQ again spread over the last tenth of the interval, not in one burst.
+pub const RESYNC_JITTER: f64 = 0.1;
 
 /// How often queue depths are read at most, per pipeline.
 pub const QUEUE_DEPTH_INTERVAL: Duration = Duration::from_secs(30);
@@ -58,6 +77,12 @@ pub struct Context {
     depths_read: Mutex<HashMap<String, Instant>>,
     /// When each pipeline's `DeadLettersGrew` was last published.
     dead_letters_told: Mutex<HashMap<String, Instant>>,
+    /// The controllers' caches of the Deployments and Secrets the operator made.
+    pub owned: OwnedCaches,
+    /// Whether KEDA is installed, as last found out.
+    pub keda: KedaDiscovery,
+    /// One management client per broker endpoint, shared by every reconcile.
+    pub brokers: Clients,
 }
 
 impl Context {
@@ -80,6 +105,9 @@ impl Context {
             stores: Mutex::new(Vec::new()),
             depths_read: Mutex::new(HashMap::new()),
             dead_letters_told: Mutex::new(HashMap::new()),
+            owned: OwnedCaches::default(),
+            keda: KedaDiscovery::default(),
+            brokers: Clients::default(),
         }
     }
 
@@ -92,6 +120,13 @@ impl Context {
     /// now): at most once per resync interval.
     pub fn dead_letters_event_due(&self, key: &str) -> bool {
         due(&self.dead_letters_told, key, self.settings.resync_interval)
+    }
+
+    /// How long until the pipeline whose uid (or `namespace/name`) is `key` is compared
+    /// with RabbitMQ again: the resync interval less a share of up to
+    /// [`RESYNC_JITTER`] of it that is the pipeline's own ([`jittered`]).
+    pub fn resync_after(&self, key: &str) -> Duration {
+        jittered(self.settings.resync_interval, key)
     }
 
     /// Forgets what is kept about `key`, a pipeline that is gone.
@@ -123,14 +158,19 @@ impl Context {
             .push(store);
     }
 
-    /// Every pipeline in the controllers' caches (that could be read).
-    pub fn known_pipelines(&self) -> Vec<Arc<MailerPipeline>> {
+    /// The pipelines in the controllers' caches (that could be read) that `keep` keeps;
+    /// only those are copied.
+    pub fn known_pipelines(
+        &self,
+        keep: impl Fn(&MailerPipeline) -> bool,
+    ) -> Vec<Arc<MailerPipeline>> {
         self.stores
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
             .flat_map(Store::state)
-            .filter_map(|guard| guard.0.as_ref().ok().cloned().map(Arc::new))
+            .filter_map(|guard| guard.0.as_ref().ok().filter(|p| keep(p)).cloned())
+            .map(Arc::new)
             .collect()
     }
 
@@ -191,6 +231,24 @@ fn due(last: &Mutex<HashMap<String, Instant>>, key: &str, interval: Duration) ->
     }
 }
 
+/// `interval` less a share of it in `[0, RESYNC_JITTER)` drawn from a hash of `key`: the
+/// same for a pipeline every time (it keeps its place in the interval, and a test can
+/// count), spread evenly over many pipelines.
+pub fn jittered(interval: Duration, key: &str) -> Duration {
+    // FNV-1a, then SplitMix64's finalizer so that keys differing in a character or two
+    // (`shop-1`, `shop-2`) land far apart.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key.bytes() {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash = (hash ^ (hash >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    hash = (hash ^ (hash >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    hash ^= hash >> 31;
+    // The top 53 bits, as a fraction in [0, 1).
+    let fraction = (hash >> 11) as f64 / (1u64 << 53) as f64;
+    interval.mul_f64(1.0 - RESYNC_JITTER * fraction)
+}
+
 /// The delay after `failures` transient failures in a row.
 pub fn backoff_after(failures: u32) -> Duration {
     FIRST_BACKOFF
@@ -207,6 +265,33 @@ mod tests {
         let delays: Vec<u64> = (0..9).map(|n| backoff_after(n).as_secs()).collect();
         assert_eq!(delays, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
         assert_eq!(backoff_after(u32::MAX), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn resyncs_spread_evenly_over_the_last_tenth_of_the_interval() {
+        let interval = Duration::from_secs(300);
+        let earliest = interval.mul_f64(1.0 - RESYNC_JITTER);
+        let pipelines = 1000;
+        let mut buckets = [0usize; 10];
+        let mut delays = Vec::new();
+        for i in 0..pipelines {
+            let delay = jittered(interval, &format!("0d3c7a52-6e1f-4b8e-9a41-{i:012}"));
+            assert!(earliest <= delay && delay <= interval, "{delay:?}");
+            let share = (interval - delay).as_secs_f64() / (interval - earliest).as_secs_f64();
+            buckets[((share * 10.0) as usize).min(9)] += 1;
+            delays.push(delay);
+        }
+        // A tenth of them in each tenth of the window, give or take a third.
+        assert!(
+            buckets.iter().all(|&n| (67..=133).contains(&n)),
+            "{buckets:?}"
+        );
+        delays.sort();
+        delays.dedup();
+        assert_eq!(delays.len(), pipelines, "no two pipelines at the same time");
+        // A pipeline keeps its place.
+        assert_eq!(jittered(interval, "a"), jittered(interval, "a"));
+        assert_eq!(jittered(Duration::ZERO, "a"), Duration::ZERO);
     }
 
     #[test]

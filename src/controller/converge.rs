@@ -12,11 +12,11 @@ use super::autoscaling::{self, Autoscaling};
 use super::context::Context;
 use super::desired::desired;
 use super::error::Error;
-use super::ownership::{check_collisions, claim};
+use super::ownership::{check_collisions, claim, same_claim};
 use super::resolve::resolve;
 use super::validate::validate;
 use crate::spec::{MailerPipeline, QueueDepths, TopologySpec};
-use crate::topology::{Management, QueueDepth};
+use crate::topology::{Management, QueueDepth, Requests, counted};
 
 /// What converging changed and found.
 #[derive(Debug)]
@@ -26,6 +26,9 @@ pub struct Converged {
     pub autoscaling: Autoscaling,
     pub queues: Option<QueueDepths>,
     pub worker_user: String,
+    /// The requests this reconcile made to RabbitMQ's management API (its client is
+    /// shared with the others running at once): no write when it was in sync.
+    pub rabbitmq: Requests,
 }
 
 /// Applies everything `pipeline` asks for. `live_deployment` is the worker Deployment
@@ -36,15 +39,32 @@ pub async fn converge(
     pipeline: &MailerPipeline,
     live_deployment: Option<Deployment>,
 ) -> Result<Converged, Error> {
+    // Boxed: the phases' future is large, and a reconcile may run on a small stack.
+    let work = Box::pin(converge_uncounted(ctx, pipeline, live_deployment));
+    let (converged, requests) = counted(work).await;
+    converged.map(|converged| Converged {
+        rabbitmq: requests,
+        ..converged
+    })
+}
+
+async fn converge_uncounted(
+    ctx: &Context,
+    pipeline: &MailerPipeline,
+    live_deployment: Option<Deployment>,
+) -> Result<Converged, Error> {
     let client = &ctx.client;
     let settings = &ctx.settings;
-    check_collisions(pipeline, &ctx.known_pipelines())?;
-    let resolved = resolve(client, pipeline, live_deployment).await?;
+    check_collisions(
+        pipeline,
+        &ctx.known_pipelines(|other| same_claim(other, pipeline)),
+    )?;
+    let resolved = resolve(client, &ctx.brokers, &ctx.owned, pipeline, live_deployment).await?;
     let valid = validate(pipeline, &resolved, &settings.cluster_name)?;
     let desired = desired(&valid, &resolved, settings)?;
-    let keda = autoscaling::resolve(client, pipeline, &valid.namespace).await?;
+    let keda = autoscaling::resolve(client, &ctx.keda, pipeline, &valid.namespace).await?;
     claim(&valid, &desired, &settings.cluster_name).await?;
-    let mut applied = apply(client, &valid, &resolved, &desired).await?;
+    let mut applied = apply(ctx, &valid, &resolved, &desired).await?;
     // KEDA's objects reference the Deployment, so they follow it.
     let (autoscaling, reapplied) =
         autoscaling::converge(client, pipeline, &valid.namespace, keda).await?;
@@ -63,6 +83,7 @@ pub async fn converge(
         autoscaling,
         queues,
         worker_user: valid.credentials.username.clone(),
+        rabbitmq: Requests::default(),
     })
 }
 

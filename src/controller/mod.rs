@@ -21,6 +21,7 @@ pub mod leader;
 pub mod leadership;
 pub mod meta;
 pub mod metrics;
+pub mod owned;
 pub mod ownership;
 pub mod quantity;
 pub mod rbac;

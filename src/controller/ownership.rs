@@ -53,6 +53,11 @@ fn claim_key(pipeline: &MailerPipeline) -> (String, &str, &str) {
     )
 }
 
+/// Whether `a` and `b` name the same broker, vhost and send queue.
+pub fn same_claim(a: &MailerPipeline, b: &MailerPipeline) -> bool {
+    claim_key(a) == claim_key(b)
+}
+
 /// Fails when an older pipeline among `known` claims the same broker, vhost and send
 /// queue as `pipeline`. Pipelines being deleted do not count: their claim is ending.
 pub fn check_collisions(

@@ -80,8 +80,13 @@ pub fn error_policy<K: Resource>(pipeline: Arc<K>, error: &Error, ctx: Arc<Conte
     if error.is_transient() {
         Action::requeue(ctx.next_backoff(&key_of(pipeline.as_ref())))
     } else {
-        Action::requeue(ctx.settings.resync_interval)
+        Action::requeue(ctx.resync_after(&resync_key(pipeline.as_ref())))
     }
+}
+
+/// What places a pipeline in the resync interval: its uid, or `namespace/name`.
+fn resync_key<K: Resource>(object: &K) -> String {
+    object.meta().uid.clone().unwrap_or_else(|| key_of(object))
 }
 
 /// `namespace/name`, the key of a pipeline's backoff and logs.
@@ -110,15 +115,12 @@ async fn apply(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action, Error
     let namespace = pipeline
         .namespace()
         .ok_or(Error::IncompleteObject("namespace"))?;
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
     let worker_deployment = deployment_name(pipeline);
-    let live = deployments.get_opt(&worker_deployment).await.map_err(|e| {
-        Error::kube(
-            format!("read Deployment {namespace}/{worker_deployment}"),
-            e,
-        )
-    })?;
+    let live: Option<Deployment> = ctx
+        .owned
+        .read(&ctx.client, &namespace, &worker_deployment)
+        .await?;
     let outcome = converge(ctx, pipeline, live.clone()).await;
     report(pipeline, ctx, &outcome, live.as_ref()).await?;
-    outcome.map(|_| Action::requeue(ctx.settings.resync_interval))
+    outcome.map(|_| Action::requeue(ctx.resync_after(&resync_key(pipeline))))
 }

@@ -76,7 +76,7 @@ pub async fn report(
     ctx.metrics.set_ready(&namespace, &name, ready);
     if let Ok(done) = outcome {
         ctx.metrics
-            .rabbitmq_written(&namespace, &name, done.applied.rabbitmq_writes);
+            .rabbitmq_written(&namespace, &name, done.rabbitmq.writes);
     }
     if let Some(queues) = status.queues {
         for (role, depth) in [

@@ -4,23 +4,32 @@
 //! reconcile with no write made.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
 use kube::{Client, ResourceExt};
 
 use super::connection::{self, Broker, get_secret};
 use super::error::Error;
+use super::owned::OwnedCaches;
 use super::references::{SecretRole, secrets_read};
 use super::worker_user;
 use crate::spec::MailerPipeline;
-use crate::topology::{BrokerCapabilities, Management};
+use crate::topology::{BrokerCapabilities, Clients, Management};
+
+/// How long the broker's version (what it supports) read by one reconcile serves the
+/// others of the same broker endpoint: a broker upgraded from 3.x to 4.x gets the 4.x
+/// topology within a minute.
+pub const CAPABILITIES_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// The broker a pipeline uses, a client of its management API and what it supports.
 pub struct ResolvedBroker {
     pub broker: Broker,
-    pub management: Management,
+    /// The client the process shares for this endpoint (one pool of connections and one
+    /// bound on requests in flight per broker, whatever the number of pipelines).
+    pub management: Arc<Management>,
     pub capabilities: BrokerCapabilities,
 }
 
@@ -47,6 +56,8 @@ impl Resolved {
 /// Reads what `pipeline` references; `deployment` is its worker Deployment, read before.
 pub async fn resolve(
     client: &Client,
+    brokers: &Clients,
+    owned: &OwnedCaches,
     pipeline: &MailerPipeline,
     deployment: Option<Deployment>,
 ) -> Result<Resolved, Error> {
@@ -56,8 +67,8 @@ pub async fn resolve(
     let rabbitmq = &pipeline.spec.rabbitmq;
     let broker = if rabbitmq.connection_secret.is_some() || rabbitmq.cluster_ref.is_some() {
         let broker = connection::resolve(client, pipeline).await?;
-        let management = Management::new(&broker.endpoint)?;
-        let capabilities = management.capabilities().await?;
+        let management = brokers.get(&broker.endpoint)?;
+        let capabilities = management.capabilities_within(CAPABILITIES_MAX_AGE).await?;
         Some(ResolvedBroker {
             broker,
             management,
@@ -79,10 +90,7 @@ pub async fn resolve(
         }
     }
     let secret_name = worker_user::secret_name(pipeline);
-    let worker_secret = Api::<Secret>::namespaced(client.clone(), &namespace)
-        .get_opt(&secret_name)
-        .await
-        .map_err(|e| Error::kube(format!("read Secret {namespace}/{secret_name}"), e))?;
+    let worker_secret = owned.read(client, &namespace, &secret_name).await?;
     Ok(Resolved {
         broker,
         secrets,

@@ -1,7 +1,8 @@
 //! What triggers a reconcile: a change of a pipeline's spec or finalizers, of what it
 //! owns (its worker Deployment and Secret), of a Secret it reads or the RabbitmqCluster
-//! it uses, and the periodic resync. Only the pipelines are kept in memory, whole; all
-//! the rest is watched as metadata (`docs/controller.md`).
+//! it uses, and the periodic resync. The pipelines and what the operator made (selected
+//! by its label) are kept in memory, whole; all the rest is watched as metadata
+//! (`docs/controller.md`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,14 +23,10 @@ use super::context::Context;
 use super::error::Error;
 use super::index::{Guarded, ReferenceIndex, Referenced};
 use super::meta::managed_by_selector;
+use super::owned::{Owned, OwnedStores};
 use super::reconcile::{error_policy, reconcile_guarded};
 use super::signalled;
 use crate::telemetry::Health;
-
-/// Reconciles running at once, per controller: bounds the operator's memory and the
-/// load it puts on the API server and the brokers when many pipelines need work at once
-/// (at start, at each resync).
-pub const MAX_CONCURRENT_RECONCILES: u16 = 16;
 
 /// How often the heartbeat of `/livez` is given while controllers run.
 const HEARTBEAT: Duration = Duration::from_secs(10);
@@ -54,7 +51,7 @@ pub async fn run_controllers(
     let mut stores = Vec::new();
     let mut streams = Vec::new();
     for scope in scopes {
-        let controller = controller_for(&client, scope).await;
+        let controller = controller_for(&client, scope, &ctx).await;
         stores.push(controller.store());
         ctx.register_store(controller.store());
         let shutdown = shutdown_signal(stop.clone(), abort.clone());
@@ -92,27 +89,37 @@ pub async fn run_controllers(
     }
 }
 
-/// The controller of one scope. Pipelines are watched whole, through
-/// `DeserializeGuard`, and reconciled when their generation or finalizers change (their
-/// status written by the operator itself does not trigger another reconcile). What
-/// they own (Deployment, Secret) and the Secrets and RabbitmqClusters they refer to are
-/// watched as metadata only, mapped through the [`ReferenceIndex`].
-async fn controller_for(client: &Client, namespace: Option<&str>) -> Controller<Guarded> {
+/// The controller of one scope, running at most `--concurrency` reconciles at once.
+/// Pipelines are watched whole, through `DeserializeGuard`, and reconciled when their
+/// generation or finalizers change (their status written by the operator itself does
+/// not trigger another reconcile). What they own (Deployment, Secret) is watched whole,
+/// by the operator's label, into the caches the reconciles read ([`owned`](super::owned)),
+/// and the Secrets and RabbitmqClusters they refer to as metadata only, mapped through
+/// the [`ReferenceIndex`].
+async fn controller_for(
+    client: &Client,
+    namespace: Option<&str>,
+    ctx: &Context,
+) -> Controller<Guarded> {
     let index = ReferenceIndex::default();
     let (reader, writer) = reflector::store();
     let pipelines = pipeline_triggers(api::<Guarded>(client, namespace), writer, index.clone());
-    let owned = watcher::Config::default().labels(&managed_by_selector());
+    let (deployments, deployment_events) = owned_cache::<Deployment>(client, namespace);
+    let (secrets, secret_events) = owned_cache::<Secret>(client, namespace);
+    ctx.owned.register(OwnedStores {
+        deployments,
+        secrets,
+    });
     let by_secret = index.clone();
     let mut controller = Controller::for_stream(pipelines, reader)
-        .with_config(Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
-        .owns(
-            api::<PartialObjectMeta<Deployment>>(client, namespace),
-            owned.clone(),
-        )
-        .owns(api::<PartialObjectMeta<Secret>>(client, namespace), owned)
-        .watches(
-            api::<PartialObjectMeta<Secret>>(client, namespace),
-            watcher::Config::default(),
+        .with_config(Config::default().concurrency(ctx.settings.concurrency))
+        .owns_stream(deployment_events)
+        .owns_stream(secret_events)
+        .watches_stream(
+            after_first_list(watcher(
+                api::<PartialObjectMeta<Secret>>(client, namespace),
+                watcher::Config::default(),
+            )),
             move |secret| {
                 by_secret.pipelines(&Referenced::Secret {
                     namespace: secret.namespace().unwrap_or_default(),
@@ -126,16 +133,15 @@ async fn controller_for(client: &Client, namespace: Option<&str>) -> Controller<
             Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
             None => Api::all_with(client.clone(), &resource),
         };
-        controller = controller.watches_with(
-            clusters,
-            resource,
-            watcher::Config::default(),
+        controller = controller.watches_stream_with(
+            after_first_list(watcher(clusters, watcher::Config::default())),
             move |cluster| {
                 index.pipelines(&Referenced::Cluster {
                     namespace: cluster.namespace().unwrap_or_default(),
                     name: cluster.name_any(),
                 })
             },
+            resource,
         );
     }
     controller
@@ -162,6 +168,59 @@ pub fn pipeline_triggers(
             predicates::generation::<Guarded>.combine(predicates::finalizers::<Guarded>),
             PredicateConfig::default(),
         )
+}
+
+/// The operator's own objects of kind `K` in the scope, whole but for their
+/// `managedFields`, kept in a cache; the stream of their changes (deletions included)
+/// triggers their pipelines' reconciles once the cache holds the change.
+fn owned_cache<K>(
+    client: &Client,
+    namespace: Option<&str>,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Owned,
+{
+    let (reader, writer) = reflector::store();
+    let config = watcher::Config::default().labels(&managed_by_selector());
+    let events = watcher(api::<K>(client, namespace), config)
+        .modify(|object| object.managed_fields_mut().clear())
+        .reflect(writer);
+    (reader, after_first_list(events))
+}
+
+/// The objects a watch's events touch, to trigger the reconciles of the pipelines they
+/// map to, except those of its first list: at start every pipeline is reconciled once,
+/// from its own watch's list, and the lists of what pipelines own or read would only
+/// reconcile each again (one pipeline 3 times or more). A later list (the watch
+/// reconnected) does trigger, since things may have changed meanwhile. The watch backs
+/// off after errors as kube's own do.
+fn after_first_list<K>(
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Send + 'static,
+{
+    let mut listed = false;
+    events
+        .default_backoff()
+        .map_ok(move |event| {
+            let objects = match event {
+                watcher::Event::InitDone => {
+                    listed = true;
+                    None
+                }
+                watcher::Event::InitApply(_) if !listed => None,
+                watcher::Event::Init => None,
+                watcher::Event::Apply(object)
+                | watcher::Event::InitApply(object)
+                | watcher::Event::Delete(object) => Some(object),
+            };
+            futures::stream::iter(objects.map(Ok))
+        })
+        .try_flatten()
 }
 
 /// Whether RabbitMQ's cluster-operator CRD is installed, so RabbitmqClusters can be

@@ -116,6 +116,7 @@ async fn declare_in_turn(
     lane: Vec<(&str, &Change)>,
 ) -> Result<(), TopologyError> {
     for (vhost, change) in lane {
+        management.wrote_to(vhost);
         management.count_write();
         declare(channel, change).await?;
         tracing::info!(vhost = %vhost, change = %change, "topology changed");

@@ -25,6 +25,7 @@ impl Management {
         policies: &[&Policy],
     ) -> Result<bool, TopologyError> {
         let definitions = policy_definitions(policies);
+        self.wrote_to(vhost);
         match self
             .bounded_write(self.api.import_vhost_definitions(vhost, definitions))
             .await

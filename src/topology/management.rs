@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rabbitmq_http_client::api::{Client, HttpClientError};
 use rabbitmq_http_client::commons::{BindingDestinationType, ExchangeType, PolicyTarget};
@@ -17,8 +17,10 @@ use rabbitmq_http_client::requests::{
 use url::Url;
 
 use super::TopologyError;
+use super::broker::BrokerCapabilities;
 use super::desired::{Binding, ExchangeKind, POLICY_PRIORITY};
 use super::diff::Change;
+use super::snapshot::SharedSnapshots;
 use crate::redact::{MASK, credentials};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -29,6 +31,37 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// more at once only makes each slower (and starves the broker's message traffic); 8
 /// keeps a broker on two cores busy without queueing work inside it.
 pub const MAX_IN_FLIGHT: usize = 8;
+
+/// The requests one piece of work made to the management API, counted by [`counted`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Requests {
+    pub reads: usize,
+    pub writes: usize,
+}
+
+#[derive(Default)]
+struct Tally {
+    reads: AtomicUsize,
+    writes: AtomicUsize,
+}
+
+tokio::task_local! {
+    /// The tally of the [`counted`] scope the current task is in, if any.
+    static TALLY: Arc<Tally>;
+}
+
+/// Runs `work` and counts the requests it makes to the management API through any
+/// client, shared ones included: what [`Management::writes`] cannot tell once a client
+/// serves several pipelines at once. Work spawned onto other tasks is not counted.
+pub async fn counted<F: Future>(work: F) -> (F::Output, Requests) {
+    let tally = Arc::new(Tally::default());
+    let output = TALLY.scope(tally.clone(), work).await;
+    let requests = Requests {
+        reads: tally.reads.load(Ordering::Relaxed),
+        writes: tally.writes.load(Ordering::Relaxed),
+    };
+    (output, requests)
+}
 
 /// Where the management API is and who to be there.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -123,6 +156,31 @@ impl fmt::Debug for ManagementEndpoint {
     }
 }
 
+/// Clients of management APIs, one per endpoint and user, each made at its first use and
+/// kept as long as this is: what [`Management::shared`] keeps for the whole process. Its
+/// connections belong to the tokio runtime that first used it, so work on another
+/// runtime (each test has its own) keeps clients of its own.
+#[derive(Default)]
+pub struct Clients {
+    by_endpoint: Mutex<HashMap<ManagementEndpoint, Arc<Management>>>,
+}
+
+impl Clients {
+    /// The client of `endpoint`.
+    pub fn get(&self, endpoint: &ManagementEndpoint) -> Result<Arc<Management>, TopologyError> {
+        let mut clients = self
+            .by_endpoint
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(client) = clients.get(endpoint) {
+            return Ok(client.clone());
+        }
+        let client = Arc::new(Management::new(endpoint)?);
+        clients.insert(endpoint.clone(), client.clone());
+        Ok(client)
+    }
+}
+
 /// A client of one broker's management API. Its HTTP connections are pooled and kept
 /// alive, so one client serves every pipeline of a pass (share it by reference).
 pub struct Management {
@@ -131,6 +189,13 @@ pub struct Management {
     reads: AtomicUsize,
     writes: AtomicUsize,
     in_flight: tokio::sync::Semaphore,
+    /// The broker's capabilities and when they were read, for
+    /// [`capabilities_within`](Self::capabilities_within).
+    pub(super) capabilities: Mutex<Option<(Instant, BrokerCapabilities)>>,
+    /// Definitions shared by work running at once ([`shared_snapshot`](Self::shared_snapshot)).
+    pub(super) snapshots: Mutex<SharedSnapshots>,
+    /// Held while definitions are read for [`shared_snapshot`](Self::shared_snapshot).
+    pub(super) snapshot_read: tokio::sync::Mutex<()>,
 }
 
 impl Management {
@@ -154,6 +219,9 @@ impl Management {
             reads: AtomicUsize::new(0),
             writes: AtomicUsize::new(0),
             in_flight: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
+            capabilities: Mutex::new(None),
+            snapshots: Mutex::default(),
+            snapshot_read: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -163,18 +231,8 @@ impl Management {
     /// process (one per endpoint and set of credentials ever used). Its
     /// [`writes`](Self::writes) and [`reads`](Self::reads) count for every user of it.
     pub fn shared(endpoint: &ManagementEndpoint) -> Result<Arc<Self>, TopologyError> {
-        static CLIENTS: OnceLock<Mutex<HashMap<ManagementEndpoint, Arc<Management>>>> =
-            OnceLock::new();
-        let mut clients = CLIENTS
-            .get_or_init(Mutex::default)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(client) = clients.get(endpoint) {
-            return Ok(client.clone());
-        }
-        let client = Arc::new(Self::new(endpoint)?);
-        clients.insert(endpoint.clone(), client.clone());
-        Ok(client)
+        static CLIENTS: OnceLock<Clients> = OnceLock::new();
+        CLIENTS.get_or_init(Clients::default).get(endpoint)
     }
 
     pub fn endpoint(&self) -> &ManagementEndpoint {
@@ -182,7 +240,8 @@ impl Management {
     }
 
     /// How many writing requests this client has made, so callers (and tests) can tell
-    /// a reconcile that changed nothing from one that did.
+    /// a pass that changed nothing from one that did. A client shared by work running at
+    /// once counts for all of it: count one piece of work with [`counted`].
     pub fn writes(&self) -> usize {
         self.writes.load(Ordering::Relaxed)
     }
@@ -194,6 +253,7 @@ impl Management {
 
     pub(super) fn count_write(&self) {
         self.writes.fetch_add(1, Ordering::Relaxed);
+        let _ = TALLY.try_with(|tally| tally.writes.fetch_add(1, Ordering::Relaxed));
     }
 
     /// Runs a reading request once fewer than [`MAX_IN_FLIGHT`] are under way.
@@ -201,6 +261,7 @@ impl Management {
         // The semaphore is never closed, so acquiring it cannot fail.
         let _permit = self.in_flight.acquire().await.ok();
         self.reads.fetch_add(1, Ordering::Relaxed);
+        let _ = TALLY.try_with(|tally| tally.reads.fetch_add(1, Ordering::Relaxed));
         request.await
     }
 
@@ -217,6 +278,7 @@ impl Management {
 
     /// Makes one change in `vhost`.
     pub async fn write(&self, vhost: &str, change: &Change) -> Result<(), TopologyError> {
+        self.wrote_to(vhost);
         self.request(vhost, change)
             .await
             .map_err(|e| self.error(&change.to_string(), e))
@@ -284,6 +346,7 @@ impl Management {
     }
 
     pub async fn delete_binding(&self, vhost: &str, b: &Binding) -> Result<(), TopologyError> {
+        self.wrote_to(vhost);
         let params = BindingDeletionParams {
             virtual_host: vhost,
             source: &b.exchange,
@@ -304,18 +367,21 @@ impl Management {
     }
 
     pub async fn delete_exchange(&self, vhost: &str, name: &str) -> Result<(), TopologyError> {
+        self.wrote_to(vhost);
         self.bounded_write(self.api.delete_exchange(vhost, name, true))
             .await
             .map_err(|e| self.error(&format!("delete exchange {name}"), e))
     }
 
     pub async fn delete_queue(&self, vhost: &str, name: &str) -> Result<(), TopologyError> {
+        self.wrote_to(vhost);
         self.bounded_write(self.api.delete_queue(vhost, name, true))
             .await
             .map_err(|e| self.error(&format!("delete queue {name}"), e))
     }
 
     pub async fn delete_policy(&self, vhost: &str, name: &str) -> Result<(), TopologyError> {
+        self.wrote_to(vhost);
         self.bounded_write(self.api.delete_policy(vhost, name, true))
             .await
             .map_err(|e| self.error(&format!("delete policy {name}"), e))

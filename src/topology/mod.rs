@@ -21,10 +21,13 @@ pub use broker::BrokerCapabilities;
 pub use declare::AmqpDeclarer;
 pub use desired::Topology;
 pub use diff::{Change, Conflict};
-pub use management::{MAX_IN_FLIGHT, Management, ManagementEndpoint, QueueDepth};
+pub use management::{
+    Clients, MAX_IN_FLIGHT, Management, ManagementEndpoint, QueueDepth, Requests, counted,
+};
 pub use observe::READS_PER_PIPELINE;
 pub use reconcile::{
-    DeleteReport, EmptinessCheck, apply, apply_all, apply_all_declaring, delete, plan, plan_all,
+    DeleteReport, EmptinessCheck, apply, apply_all, apply_all_declaring, apply_shared, delete,
+    plan, plan_all,
 };
 pub use snapshot::DEFINITIONS_FROM;
 pub use users::{Permissions, UserChange, UserGrant};

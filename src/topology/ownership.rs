@@ -49,7 +49,10 @@ impl Management {
     /// The owner `marker` names, if it exists. A marker that does not read as an owner
     /// (written by hand) is someone else's.
     pub async fn owner(&self, marker: &str) -> Result<Option<Owner>, TopologyError> {
-        match self.api.get_global_runtime_parameter(marker).await {
+        match self
+            .read(self.api.get_global_runtime_parameter(marker))
+            .await
+        {
             Ok(parameter) => {
                 let value: serde_json::Value = parameter.value.into();
                 Ok(Some(serde_json::from_value(value).unwrap_or_else(|_| {
@@ -76,17 +79,17 @@ impl Management {
             name: marker,
             value,
         };
-        self.count_write();
-        self.api
-            .upsert_global_runtime_parameter(&parameter)
+        self.bounded_write(self.api.upsert_global_runtime_parameter(&parameter))
             .await
             .map_err(|e| self.error(&format!("write global parameter {marker:?}"), e))
     }
 
     /// Removes `marker`; `false` when it was not there.
     pub async fn clear_owner(&self, marker: &str) -> Result<bool, TopologyError> {
-        self.count_write();
-        match self.api.clear_global_runtime_parameter(marker).await {
+        match self
+            .bounded_write(self.api.clear_global_runtime_parameter(marker))
+            .await
+        {
             Ok(()) => Ok(true),
             Err(e) if e.is_not_found() => Ok(false),
             Err(e) => Err(self.error(&format!("remove global parameter {marker:?}"), e)),

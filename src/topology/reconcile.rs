@@ -11,6 +11,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::{join_all, try_join_all};
 
@@ -89,7 +91,7 @@ pub async fn plan_all(
 enum VhostView {
     Missing,
     ByName,
-    Definitions(Snapshot),
+    Definitions(Arc<Snapshot>),
 }
 
 async fn view_of(
@@ -104,7 +106,7 @@ async fn view_of(
         return Ok(VhostView::ByName);
     }
     Ok(match management.snapshot(vhost).await? {
-        Some(snapshot) => VhostView::Definitions(snapshot),
+        Some(snapshot) => VhostView::Definitions(Arc::new(snapshot)),
         None => VhostView::ByName,
     })
 }
@@ -184,8 +186,40 @@ pub async fn apply_all_declaring(
     topologies: &[Topology],
 ) -> Result<Vec<Vec<Change>>, TopologyError> {
     let plans = plan_all(management, topologies).await?;
+    write_plans(management, declarer, topologies, &plans).await?;
+    Ok(plans)
+}
+
+/// As [`apply`], for pipelines applied one at a time by work running at once (the
+/// controller's reconciles): a vhost's definitions, read at most once per `max_age` and
+/// only while nothing has been written there through this client for as long (a vhost
+/// being built is read by name), serve each of its pipelines instead of their objects by
+/// name, so a pipeline in sync costs no request of its own. A change in the vhost by
+/// someone else is found up to `max_age` later than by [`apply`].
+pub async fn apply_shared(
+    management: &Management,
+    topology: &Topology,
+    max_age: Duration,
+) -> Result<Vec<Change>, TopologyError> {
+    let view = match management.shared_snapshot(&topology.vhost, max_age).await? {
+        Some(snapshot) => VhostView::Definitions(snapshot),
+        None => view_of(management, &topology.vhost, 1).await?,
+    };
+    let plans = vec![plan_one(management, topology, Some(&view)).await?];
+    write_plans(management, None, std::slice::from_ref(topology), &plans).await?;
+    Ok(plans.into_iter().next().unwrap_or_default())
+}
+
+/// Writes `plans`, each of the pipeline of the same index in `topologies`, in the steps
+/// [`apply_all`] says; exchanges, queues and bindings over AMQP when `declarer` is given.
+async fn write_plans(
+    management: &Management,
+    declarer: Option<&AmqpDeclarer>,
+    topologies: &[Topology],
+    plans: &[Vec<Change>],
+) -> Result<(), TopologyError> {
     let mut steps: [Vec<(&str, &Change)>; 4] = Default::default();
-    for (topology, changes) in topologies.iter().zip(&plans) {
+    for (topology, changes) in topologies.iter().zip(plans) {
         for change in changes {
             let step = match change {
                 Change::CreateVhost(_) => 0,
@@ -224,8 +258,7 @@ pub async fn apply_all_declaring(
     if let Some(declaring) = declaring {
         declaring.close().await;
     }
-    written?;
-    Ok(plans)
+    written
 }
 
 /// Writes the policies of a step: a vhost with at least [`POLICY_IMPORT_FROM`] of them

@@ -6,6 +6,8 @@
 //! another kind in the way is then still found before the first write.
 
 use std::collections::HashMap;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
 
 use rabbitmq_http_client::responses::{
     BindingDefinitionWithoutVirtualHost, ExchangeDefinitionWithoutVirtualHost,
@@ -33,7 +35,80 @@ pub struct Snapshot {
     policies: HashMap<String, ObservedPolicy>,
 }
 
+/// What a client keeps for [`Management::shared_snapshot`]: by vhost, the definitions
+/// last read and when, and when it last wrote there.
+#[derive(Default)]
+pub(super) struct SharedSnapshots {
+    read: HashMap<String, (Instant, Option<Arc<Snapshot>>)>,
+    written: HashMap<String, Instant>,
+}
+
 impl Management {
+    /// Notes a write to `vhost` through this client: definitions read before it no longer
+    /// serve.
+    pub(super) fn wrote_to(&self, vhost: &str) {
+        self.snapshots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .written
+            .insert(vhost.to_string(), Instant::now());
+    }
+
+    /// The definitions of `vhost` as read at most `max_age` ago and after this client's
+    /// last write there, else read now, but only when nothing was written there through
+    /// this client for `max_age` (a vhost being built is read by name); `None` when there
+    /// are none to use (always, for a zero `max_age`). One read at a time per client, so
+    /// work running at once shares it.
+    pub(super) async fn shared_snapshot(
+        &self,
+        vhost: &str,
+        max_age: Duration,
+    ) -> Result<Option<Arc<Snapshot>>, TopologyError> {
+        if max_age.is_zero() {
+            return Ok(None);
+        }
+        let cached = |this: &Self| {
+            let shared = this
+                .snapshots
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let written = shared.written.get(vhost).copied();
+            if written.is_some_and(|at| at.elapsed() < max_age) {
+                return Some(None);
+            }
+            match shared.read.get(vhost) {
+                Some((at, found)) if at.elapsed() < max_age && written.is_none_or(|w| w < *at) => {
+                    Some(found.clone())
+                }
+                _ => None,
+            }
+        };
+        if let Some(found) = cached(self) {
+            return Ok(found);
+        }
+        let _reading = self.snapshot_read.lock().await;
+        if let Some(found) = cached(self) {
+            return Ok(found);
+        }
+        let at = Instant::now();
+        // A vhost this user may not read whole is read by name until `max_age` passed,
+        // and so is one whose definitions could not be read (those waiting meanwhile do
+        // not each wait for another try).
+        let (kept, found) = match self.snapshot(vhost).await {
+            Ok(snapshot) => {
+                let kept = snapshot.map(Arc::new);
+                (kept.clone(), Ok(kept))
+            }
+            Err(e) => (None, Err(e)),
+        };
+        self.snapshots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .read
+            .insert(vhost.to_string(), (at, kept));
+        found
+    }
+
     /// The definitions of `vhost`, or `None` when this user may not read them (they need
     /// the administrator tag) or the vhost went away: then read by name instead.
     pub async fn snapshot(&self, vhost: &str) -> Result<Option<Snapshot>, TopologyError> {

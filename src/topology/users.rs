@@ -110,7 +110,7 @@ impl Management {
     ) -> Result<Vec<UserChange>, TopologyError> {
         let user = grant.username;
         let mut changes = Vec::new();
-        let existing = match self.api.get_user(user).await {
+        let existing = match self.read(self.api.get_user(user)).await {
             Ok(found) => Some(found),
             Err(e) if e.is_not_found() => None,
             Err(e) => return Err(self.error(&format!("read user {user:?}"), e)),
@@ -133,9 +133,7 @@ impl Management {
                 password_hash: &hash,
                 tags: "",
             };
-            self.count_write();
-            self.api
-                .create_user(&params)
+            self.bounded_write(self.api.create_user(&params))
                 .await
                 .map_err(|e| self.error(&format!("create user {user:?}"), e))?;
             changes.push(match existing {
@@ -145,7 +143,7 @@ impl Management {
         }
 
         let wanted = grant.permissions;
-        let current = match self.api.get_permissions(grant.vhost, user).await {
+        let current = match self.read(self.api.get_permissions(grant.vhost, user)).await {
             Ok(p) => Some(Permissions {
                 configure: p.configure,
                 write: p.write,
@@ -162,9 +160,7 @@ impl Management {
                 write: &wanted.write,
                 read: &wanted.read,
             };
-            self.count_write();
-            self.api
-                .declare_permissions(&params)
+            self.bounded_write(self.api.declare_permissions(&params))
                 .await
                 .map_err(|e| self.error(&format!("set the permissions of {user:?}"), e))?;
             changes.push(UserChange::SetPermissions {
@@ -182,20 +178,18 @@ impl Management {
     /// too when the user may not read permissions (it is not an administrator).
     pub async fn ensure_own_grant(&self, vhost: &str) -> Result<bool, TopologyError> {
         let user = self.endpoint().username.clone();
-        match self.api.get_permissions(vhost, &user).await {
+        match self.read(self.api.get_permissions(vhost, &user)).await {
             Ok(_) => return Ok(false),
             Err(e) if e.is_forbidden() => return Ok(false),
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(self.error(&format!("read the permissions of {user:?}"), e)),
         }
-        match self.api.get_vhost(vhost).await {
+        match self.read(self.api.get_vhost(vhost)).await {
             Ok(_) => {}
             Err(e) if e.is_not_found() => return Ok(false),
             Err(e) => return Err(self.error(&format!("read vhost {vhost:?}"), e)),
         }
-        self.count_write();
-        self.api
-            .grant_full_permissions(&user, vhost)
+        self.bounded_write(self.api.grant_full_permissions(&user, vhost))
             .await
             .map_err(|e| self.error(&format!("grant {user:?} permissions on {vhost:?}"), e))?;
         Ok(true)
@@ -203,14 +197,12 @@ impl Management {
 
     /// Removes `user`'s permissions on `vhost`; `false` when it had none.
     pub async fn remove_permissions(&self, user: &str, vhost: &str) -> Result<bool, TopologyError> {
-        match self.api.get_permissions(vhost, user).await {
+        match self.read(self.api.get_permissions(vhost, user)).await {
             Ok(_) => {}
             Err(e) if e.is_not_found() => return Ok(false),
             Err(e) => return Err(self.error(&format!("read the permissions of {user:?}"), e)),
         }
-        self.count_write();
-        self.api
-            .clear_permissions(vhost, user, true)
+        self.bounded_write(self.api.clear_permissions(vhost, user, true))
             .await
             .map_err(|e| self.error(&format!("remove the permissions of {user:?}"), e))?;
         Ok(true)
@@ -218,14 +210,12 @@ impl Management {
 
     /// Removes a user; `false` when there was none.
     pub async fn delete_user(&self, username: &str) -> Result<bool, TopologyError> {
-        match self.api.get_user(username).await {
+        match self.read(self.api.get_user(username)).await {
             Ok(_) => {}
             Err(e) if e.is_not_found() => return Ok(false),
             Err(e) => return Err(self.error(&format!("read user {username:?}"), e)),
         }
-        self.count_write();
-        self.api
-            .delete_user(username, true)
+        self.bounded_write(self.api.delete_user(username, true))
             .await
             .map_err(|e| self.error(&format!("delete user {username:?}"), e))?;
         Ok(true)

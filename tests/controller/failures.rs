@@ -1,6 +1,7 @@
 //! Failures: a broker or Secret that is gone, a missing key, a broker that does not
 //! answer, and finding a RabbitmqCluster.
 
+use mailer::controller::context::jittered;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,8 +90,8 @@ async fn a_missing_secret_key_is_reported_once_and_waits_for_a_change() {
     let policy = error_policy(Arc::new(h.pipeline("shop")), &error, h.ctx.clone());
     assert_eq!(
         policy,
-        Action::requeue(RESYNC),
-        "a spec that cannot work waits"
+        Action::requeue(jittered(RESYNC, "uid-shop")),
+        "a spec that cannot work waits until its resync"
     );
 
     let (result, requests) = h.reconcile("shop").await;

@@ -44,7 +44,11 @@ async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
 
     // The second builds everything.
     let (result, requests) = h.reconcile(&name).await;
-    assert_eq!(result.unwrap(), Action::requeue(RESYNC));
+    let uid = h.pipeline(&name).metadata.uid.expect("a uid");
+    assert_eq!(
+        result.unwrap(),
+        Action::requeue(mailer::controller::context::jittered(RESYNC, &uid))
+    );
     let worker_secret = format!("{name}-worker-amqp");
     let worker_deployment = format!("{name}-worker");
     let status_path = format!("{}/status", pipeline_path(&name));

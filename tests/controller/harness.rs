@@ -61,17 +61,33 @@ pub fn harness_of_cluster(cluster: &str) -> Harness {
 }
 
 fn harness_of(cluster: &str, cleanup_deadline: Duration) -> Harness {
-    let fake = FakeApi::default();
-    let mut registry = Registry::default();
-    let metrics = Metrics::register(&mut registry);
-    let settings = Settings {
+    harness_tuned(|settings| {
+        settings.cluster_name = cluster.into();
+        settings.cleanup_deadline = cleanup_deadline;
+    })
+}
+
+/// A harness whose operator runs with the settings `tune` makes of the default ones.
+pub fn harness_tuned(tune: impl FnOnce(&mut Settings)) -> Harness {
+    let mut settings = Settings {
         worker_image: "reg/mailer:test".into(),
         resync_interval: RESYNC,
-        cluster_name: cluster.into(),
+        concurrency: mailer::controller::context::DEFAULT_CONCURRENCY,
+        cluster_name: "default".into(),
         // Every reconcile reads them, so a test sees a new depth at once.
         queue_depth_interval: Duration::ZERO,
-        cleanup_deadline,
+        // Each reconcile reads what it compares, so a test sees a change at once.
+        definitions_max_age: Duration::ZERO,
+        cleanup_deadline: CLEANUP_DEADLINE,
     };
+    tune(&mut settings);
+    operator_of(FakeApi::default(), settings)
+}
+
+/// An operator with `settings` on `fake`'s API server.
+fn operator_of(fake: FakeApi, settings: Settings) -> Harness {
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
     let ctx = Arc::new(Context::new(
         fake.client(),
         metrics,
@@ -86,6 +102,12 @@ fn harness_of(cluster: &str, cleanup_deadline: Duration) -> Harness {
 }
 
 impl Harness {
+    /// The same operator as a new process would be (nothing kept in memory), on the same
+    /// API server.
+    pub fn restarted(&self) -> Harness {
+        operator_of(self.fake.clone(), self.ctx.settings.clone())
+    }
+
     pub fn seed_pipeline(&self, name: &str, spec: Value, finalized: bool) {
         let mut metadata =
             json!({"name": name, "namespace": NS, "uid": format!("uid-{name}"), "generation": 1});

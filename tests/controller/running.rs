@@ -158,11 +158,14 @@ async fn a_secret_that_appears_reconciles_the_pipeline_that_reads_it() {
             .into_iter()
             .filter(|r| r.is_watch() && r.path.ends_with("/secrets"))
             .collect();
+        // Only the operator's own Secrets (by its label) are watched whole.
         assert!(
             !watches.is_empty()
-                && watches
-                    .iter()
-                    .all(|w| w.accept.contains("as=PartialObjectMetadata")),
+                && watches.iter().all(|w| {
+                    w.accept.contains("as=PartialObjectMetadata")
+                        || w.query.contains("managed-by%3Dmailer-operator")
+                        || w.query.contains("managed-by=mailer-operator")
+                }),
             "Secrets are watched as metadata only"
         );
         stop_tx.send(true).unwrap();

@@ -1,6 +1,7 @@
 //! A recording proxy in front of the real management API: it forwards every request to
 //! the broker and records what passed, so a test counts the requests the mailer really
 //! made, and how many were in flight at once, independently of the mailer's own counters.
+//! The topology's tests, the controller's tests and the controller's benchmark include it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,8 +12,6 @@ use axum::body::{Body, to_bytes};
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::response::Response;
-
-use crate::support::broker;
 
 /// One request that went through the proxy.
 #[derive(Debug, Clone)]
@@ -54,10 +53,11 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// A proxy to the test broker's management API that holds each write `write_delay`.
-    pub async fn start(write_delay: Duration) -> Self {
+    /// A proxy to the management API at `upstream` (`host:port`) that holds each write
+    /// `write_delay`.
+    pub async fn start(upstream: &str, write_delay: Duration) -> Self {
         let shared = Arc::new(Shared {
-            upstream: format!("http://{}", broker::management_host()),
+            upstream: format!("http://{upstream}"),
             client: reqwest::Client::new(),
             write_delay,
             in_flight: AtomicUsize::new(0),
@@ -79,13 +79,17 @@ impl Proxy {
         }
     }
 
+    /// The proxy's URL, e.g. `http://127.0.0.1:43210`, to give as the management API's.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
     /// A management client of the mailer that talks through the proxy.
     pub fn management(&self) -> mailer::topology::Management {
-        let url = format!("http://guest:guest@127.0.0.1:{}", self.port);
-        mailer::topology::Management::new(
-            &mailer::topology::ManagementEndpoint::parse(&url).expect("endpoint"),
-        )
-        .expect("client")
+        let endpoint =
+            mailer::topology::ManagementEndpoint::with_credentials(&self.url(), "guest", "guest")
+                .expect("endpoint");
+        mailer::topology::Management::new(&endpoint).expect("client")
     }
 
     /// Everything recorded so far, and forgets it.

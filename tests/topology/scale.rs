@@ -14,7 +14,9 @@ use mailer::topology::import::POLICY_IMPORT_FROM;
 
 use crate::many::{self, OBJECTS_PER_PIPELINE};
 use crate::proxy::{Proxy, Recorded};
-use crate::support::broker::{TestBroker, TestVhost, amqp_base, management, raw_api};
+use crate::support::broker::{
+    TestBroker, TestVhost, amqp_base, management, management_host, raw_api,
+};
 
 /// The requests of applying one pipeline in sync on its own: whether its vhost exists,
 /// then its own objects.
@@ -59,7 +61,7 @@ async fn a_pipeline_in_sync_costs_the_same_requests_whatever_shares_its_vhost() 
     assert_eq!(READS_PER_PIPELINE + 1, REQUESTS_PER_IN_SYNC_APPLY);
     let vhost = TestVhost::fresh("scale-cost");
     let all = many::topologies(&vhost.name, 0..21, TestBroker::get().capabilities());
-    let proxy = Proxy::start(Duration::ZERO).await;
+    let proxy = Proxy::start(&management_host(), Duration::ZERO).await;
 
     topology::apply_all(&management(), &all[..2])
         .await
@@ -109,7 +111,7 @@ async fn writes_are_bounded_in_flight_and_made_in_dependency_order() {
     let pipelines = 6;
     let all = many::topologies(&vhost.name, 0..pipelines, TestBroker::get().capabilities());
     // Each write is held a while, so writes the client sends together overlap here.
-    let proxy = Proxy::start(Duration::from_millis(25)).await;
+    let proxy = Proxy::start(&management_host(), Duration::from_millis(25)).await;
     let m = proxy.management();
     let applied = topology::apply_all(&m, &all).await.expect("apply");
     assert_eq!(
@@ -186,7 +188,7 @@ async fn a_conflict_in_any_pipeline_stops_the_pass_before_its_first_write() {
     // Enough pipelines for the pass to read the vhost's definitions.
     let pipelines = DEFINITIONS_FROM + 2;
     let all = many::topologies(&vhost.name, 0..pipelines, TestBroker::get().capabilities());
-    let proxy = Proxy::start(Duration::ZERO).await;
+    let proxy = Proxy::start(&management_host(), Duration::ZERO).await;
     let m = proxy.management();
 
     let err = topology::apply_all(&m, &all).await.unwrap_err();
@@ -279,7 +281,7 @@ async fn declared_over_amqp_a_first_apply_makes_the_same_objects_and_only_polici
     let pipelines = 10;
     assert!(pipelines * 3 >= POLICY_IMPORT_FROM);
     let all = many::topologies(&vhost.name, 0..pipelines, TestBroker::get().capabilities());
-    let proxy = Proxy::start(Duration::ZERO).await;
+    let proxy = Proxy::start(&management_host(), Duration::ZERO).await;
 
     // A URL the broker refuses: only the vhost is written, and the password is not said.
     let refused = AmqpDeclarer::new(&amqp_base().replace("guest@", "hunter2@")).unwrap();

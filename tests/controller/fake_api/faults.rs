@@ -1,7 +1,10 @@
 //! Faults a test injects: an API server that stops answering requests to some paths
-//! (they hang until released), as a network partition or an overloaded server would.
+//! (they hang until released), as a network partition or an overloaded server would, or
+//! answers them late (and counts how many wait at once).
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -15,6 +18,11 @@ pub struct Faults {
     failing: Mutex<Vec<String>>,
     /// Bumped whenever stalls are released.
     released: watch::Sender<u64>,
+    /// Path prefixes whose requests are answered after a delay.
+    slow: Mutex<Vec<(String, Duration)>>,
+    /// How many slowed requests are waiting now, and the most that waited at once.
+    slowed_now: AtomicUsize,
+    slowed_most: AtomicUsize,
 }
 
 impl FakeApi {
@@ -47,6 +55,37 @@ impl FakeApi {
 
     pub fn release_failures(&self) {
         self.faults().failing.lock().unwrap().clear();
+    }
+
+    /// From now on, requests whose path starts with `prefix` are answered `delay` late.
+    pub fn slow_down(&self, prefix: &str, delay: Duration) {
+        self.faults()
+            .slow
+            .lock()
+            .unwrap()
+            .push((prefix.to_string(), delay));
+    }
+
+    /// The most slowed requests that waited at once.
+    pub fn most_slowed_at_once(&self) -> usize {
+        self.faults().slowed_most.load(Ordering::SeqCst)
+    }
+
+    /// Waits the delay of `path`, if it is slowed.
+    pub(super) async fn wait_if_slow(&self, path: &str) {
+        let faults = self.faults();
+        let delay = {
+            let slow = faults.slow.lock().unwrap();
+            slow.iter()
+                .find(|(prefix, _)| path.starts_with(prefix.as_str()))
+                .map(|(_, delay)| *delay)
+        };
+        if let Some(delay) = delay {
+            let now = faults.slowed_now.fetch_add(1, Ordering::SeqCst) + 1;
+            faults.slowed_most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(delay).await;
+            faults.slowed_now.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     /// Whether a write to `path` is to fail.

@@ -224,6 +224,7 @@ impl FakeApi {
         };
         self.lock().requests.push(recorded.clone());
         self.wait_while_stalled(&recorded.path).await;
+        self.wait_if_slow(&recorded.path).await;
         if self.write_fails(&recorded.method, &recorded.path) {
             let e = ApiError::new(500, "InternalError", "injected failure");
             return json_response(e.code, &status(&e));

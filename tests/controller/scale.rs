@@ -1,0 +1,211 @@
+//! The controller at scale, by counts that do not depend on the machine: what a pipeline
+//! in sync costs after a restart (Kubernetes requests, counted by the test API server;
+//! management API requests, counted by a recording proxy in front of the real broker),
+//! no write in steady state, and at most `--concurrency` reconciles at once. (The spread
+//! of the resyncs over the interval is counted by `context.rs`'s unit test.)
+
+use std::time::Duration;
+
+use mailer::controller::watch::run_controllers;
+use mailer::telemetry::Health;
+use mailer::topology::MAX_IN_FLIGHT;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::broker::{CLOSED_MANAGEMENT_URL, eventually};
+use super::fake_api::Address;
+use super::harness::*;
+use crate::many::pipeline_spec_yaml;
+use crate::proxy::Proxy;
+use crate::support::broker::{TestVhost, management_host};
+
+/// Requests to the management API of one pipeline in sync whose workers' user is given
+/// (`spec.worker.userSecret`), with queue depths read on every reconcile: whether the
+/// operator may use the vhost (its permissions), the topology's owner marker, and the
+/// depths of its 3 queues. The topology is read from the vhost's definitions, read once
+/// for the pipelines of a vhost reconciled within 10 s; the broker's version once a
+/// minute per broker (by each reconcile that finds none read, at start).
+const MANAGEMENT_REQUESTS_PER_PIPELINE: usize = 5;
+
+/// Requests to the API server of one pipeline in sync: the Secrets it names (connection,
+/// workers' user). Its Deployment and worker Secret come from the watch caches.
+const KUBERNETES_REQUESTS_PER_PIPELINE: usize = 2;
+
+/// Runs the controllers of `h` until `until` resolves, then stops them and waits until
+/// they have finished.
+async fn run_until<T>(h: &Harness, until: impl Future<Output = T>) -> T {
+    let health = Health::new(Duration::from_secs(60));
+    let (stop_tx, stop) = watch::channel(false);
+    let (_abort_tx, abort) = watch::channel(false);
+    let namespaces = [NS.to_string()];
+    let running = run_controllers(
+        h.fake.client(),
+        &namespaces,
+        h.ctx.clone(),
+        &health,
+        stop,
+        abort,
+    );
+    let checking = async {
+        let found = until.await;
+        stop_tx.send(true).expect("the controllers listen");
+        found
+    };
+    let ((), found) = tokio::time::timeout(Duration::from_secs(120), async {
+        tokio::join!(running, checking)
+    })
+    .await
+    .expect("the controllers stop on shutdown");
+    found
+}
+
+/// Reconciles counted by `h`'s metrics: `(successful, failed)`.
+fn reconciles(h: &Harness) -> (u64, u64) {
+    let (mut ok, mut failed) = (0, 0);
+    for line in h.metrics().lines() {
+        let Some(rest) = line.strip_prefix("mailer_controller_reconciles_total{") else {
+            continue;
+        };
+        let count = rest
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0) as u64;
+        if rest.contains("result=\"success\"") {
+            ok += count;
+        } else {
+            failed += count;
+        }
+    }
+    (ok, failed)
+}
+
+async fn reconciled(h: &Harness, pipelines: usize) {
+    eventually(60, "every pipeline to be reconciled", || async {
+        let (ok, failed) = reconciles(h);
+        assert_eq!(failed, 0, "{}", h.metrics());
+        (ok >= pipelines as u64).then_some(())
+    })
+    .await;
+}
+
+/// Pipeline `i` in `vhost`, with names of its own, the broker through the `conn` Secret
+/// and the workers' user given in the `user` Secret.
+fn spec(vhost: &str, i: usize) -> Value {
+    let mut spec: Value = serde_yaml::from_str(&pipeline_spec_yaml(vhost, i)).expect("a spec");
+    spec["rabbitmq"]["connectionSecret"] = json!({"name": "conn"});
+    spec["worker"] = json!({"userSecret": {"name": "user"}, "replicas": 0});
+    spec
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_pipelines_in_sync_cost_a_constant_and_write_nothing() {
+    const PIPELINES: usize = 4;
+    let vhost = TestVhost::fresh("controller-scale");
+    let proxy = Proxy::start(&management_host(), Duration::ZERO).await;
+    let h = harness_tuned(|settings| {
+        settings.definitions_max_age = mailer::controller::apply::SHARED_DEFINITIONS_MAX_AGE;
+    });
+    connection_secret(&h, &proxy.url());
+    h.seed_secret("user", &[("username", "guest"), ("password", "guest")]);
+    let names: Vec<String> = (0..PIPELINES).map(|i| format!("p{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        h.seed_pipeline(name, spec(&vhost.name, i), true);
+    }
+    // The first pass makes everything.
+    run_until(&h, reconciled(&h, PIPELINES)).await;
+    for name in &names {
+        let stored = h.fake.get(&pipeline_path(name)).expect("pipeline");
+        assert_eq!(
+            condition(&stored["status"], "TopologyReady")["status"],
+            "True",
+            "{name}: {}",
+            stored["status"]
+        );
+    }
+
+    // A new process: every pipeline is reconciled once, from its watch's first list.
+    let restarted = h.restarted();
+    h.fake.take_requests();
+    proxy.take();
+    proxy.take_max_in_flight();
+    run_until(&restarted, reconciled(&restarted, PIPELINES)).await;
+    assert_eq!(reconciles(&restarted), (PIPELINES as u64, 0));
+
+    let requests = h.fake.take_requests();
+    assert_listed_in_rbac(&requests);
+    assert_eq!(writes(&requests), Vec::<String>::new(), "no write");
+    // Besides the watches and the lists they begin with, and discovery: one GET per
+    // Secret the pipeline names, and nothing of what it owns.
+    let reads: Vec<String> = requests
+        .iter()
+        .filter(|r| Address::parse(&r.path).is_some_and(|a| a.name.is_some()))
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    let named_secret = |r: &String| {
+        *r == format!("GET {}", secret_path("conn")) || *r == format!("GET {}", secret_path("user"))
+    };
+    assert!(reads.iter().all(named_secret), "{reads:#?}");
+    assert_eq!(
+        reads.len(),
+        PIPELINES * KUBERNETES_REQUESTS_PER_PIPELINE,
+        "{reads:#?}"
+    );
+
+    let broker = proxy.take();
+    let paths: Vec<String> = broker
+        .iter()
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(broker.iter().all(|r| !r.is_write()), "{paths:#?}");
+    // The vhost's definitions once for all its pipelines; the broker's version at most
+    // once per reconcile running at the start (then once a minute).
+    let definitions = broker
+        .iter()
+        .filter(|r| r.path.starts_with("definitions/"))
+        .count();
+    let versions = broker.iter().filter(|r| r.path == "overview").count();
+    assert_eq!(definitions, 1, "{paths:#?}");
+    assert!(versions <= PIPELINES, "{paths:#?}");
+    let shared_reads = definitions + versions;
+    assert_eq!(
+        broker.len() - shared_reads,
+        PIPELINES * MANAGEMENT_REQUESTS_PER_PIPELINE,
+        "{paths:#?}"
+    );
+    assert!(proxy.take_max_in_flight() <= MAX_IN_FLIGHT);
+    for name in &names {
+        assert!(
+            restarted.metrics().contains(&format!(
+                "mailer_controller_rabbitmq_writes_total{{namespace=\"{NS}\",pipeline=\"{name}\"}} 0"
+            )),
+            "{}",
+            restarted.metrics()
+        );
+    }
+}
+
+#[tokio::test]
+async fn no_more_than_concurrency_reconciles_run_at_once() {
+    const PIPELINES: usize = 9;
+    const CONCURRENCY: u16 = 3;
+    let h = harness_tuned(|settings| settings.concurrency = CONCURRENCY);
+    connection_secret(&h, CLOSED_MANAGEMENT_URL);
+    for i in 0..PIPELINES {
+        // Each with a send queue of its own, or all but one would collide.
+        h.seed_pipeline(&format!("shop-{i}"), spec("shop", i), true);
+    }
+    // Every reconcile starts by reading the connection Secret; each read waits, so the
+    // reconciles running at once are the reads waiting at once.
+    h.fake
+        .slow_down(&secret_path("conn"), Duration::from_millis(300));
+    run_until(&h, async {
+        eventually(60, "every pipeline to be tried", || async {
+            let (ok, failed) = reconciles(&h);
+            (ok + failed >= PIPELINES as u64).then_some(())
+        })
+        .await;
+    })
+    .await;
+    assert_eq!(h.fake.most_slowed_at_once(), usize::from(CONCURRENCY));
+}
