@@ -17,7 +17,7 @@ test:
 
 # The integration tests whose subject is the broker's behaviour, on RabbitMQ 4.0.
 test-rabbitmq4:
-	MAILER_TEST_BROKER=4.0 cargo test --locked --test topology --test worker --test resilience --test dead
+	MAILER_TEST_BROKER=4.0 cargo test --locked --test topology --test worker --test resilience --test dead --test controller
 
 # The fault suite (docs/reliability.md): the worker, restarted as a kubelet would,
 # against a private RabbitMQ node of each version (.ci/rabbitmq-node.sh: never the shared

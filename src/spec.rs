@@ -83,7 +83,9 @@ pub struct RabbitmqSpec {
     pub vhost: String,
     /// A Secret in the pipeline's namespace with the keys `uri` (the management API URL,
     /// e.g. `http://rabbitmq:15672`), `username` and `password`: the convention of
-    /// RabbitMQ's messaging-topology-operator. Set this or `clusterRef`.
+    /// RabbitMQ's messaging-topology-operator. An optional key `amqpUri` (e.g.
+    /// `amqp://rabbitmq:5672`) says where the workers connect; without it, the `uri`'s
+    /// host on 5672 (5671 over TLS when `uri` is https). Set this or `clusterRef`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection_secret: Option<SecretReference>,
     /// A RabbitmqCluster of RabbitMQ's cluster-operator; its default user and Service are

@@ -17,7 +17,6 @@ use super::resolve::Resolved;
 use super::ssa::apply_if_changed;
 use super::validate::Validated;
 use crate::spec::DeletionPolicy;
-use crate::topology::live::amqp_url_for;
 use crate::topology::ownership::{topology_marker, user_marker};
 use crate::topology::{self, Change, EmptinessCheck, Topology, UserChange, UserGrant};
 
@@ -170,7 +169,7 @@ async fn leave_vhost(
         return Ok(());
     }
     if policy == DeletionPolicy::Delete {
-        let amqp_url = amqp_url_for(management.endpoint(), &previous.vhost);
+        let amqp_url = valid.broker.broker.operator_amqp_url(&previous.vhost);
         let report = topology::delete(
             management,
             previous,

@@ -27,7 +27,6 @@ use super::reasons::event;
 use super::resolve::CAPABILITIES_MAX_AGE;
 use super::worker_user::{self, managed_username};
 use crate::spec::{DeletionPolicy, MailerPipeline};
-use crate::topology::live::amqp_url_for;
 use crate::topology::ownership::{topology_marker, user_marker};
 use crate::topology::{self, BrokerCapabilities, EmptinessCheck, Management, Topology};
 
@@ -242,7 +241,7 @@ async fn remove_from_rabbitmq(
             return Ok(report);
         }
     };
-    let amqp_url = amqp_url_for(&broker.endpoint, &desired.vhost);
+    let amqp_url = broker.operator_amqp_url(&desired.vhost);
     match topology::delete(
         &management,
         &desired,

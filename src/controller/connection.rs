@@ -13,6 +13,7 @@ use super::references::SecretRole;
 use super::tenancy::check_allowed;
 use crate::spec::MailerPipeline;
 use crate::topology::ManagementEndpoint;
+use crate::topology::live::AmqpAddress;
 
 /// The broker a pipeline uses and the operator's credentials for it.
 #[derive(Debug, Clone)]
@@ -21,7 +22,22 @@ pub struct Broker {
     pub endpoint: ManagementEndpoint,
     /// The management API's URL without credentials, e.g. `http://rabbitmq.shop.svc:15672`.
     pub management_url: String,
+    /// Where the workers (and the operator's live queue counts) connect over AMQP.
+    pub amqp: AmqpAddress,
 }
+
+impl Broker {
+    /// The AMQP URL of `vhost` with the operator's own credentials.
+    pub fn operator_amqp_url(&self, vhost: &str) -> String {
+        self.amqp
+            .url(&self.endpoint.username, self.endpoint.password(), vhost)
+    }
+}
+
+/// The optional key of a connection Secret with the broker's AMQP address, e.g.
+/// `amqp://rabbitmq.shop.svc:5672`; without it, the management API's host on 5672 (5671
+/// when the management API is https).
+pub const AMQP_URI_KEY: &str = "amqpUri";
 
 /// Resolves the broker of `pipeline` through the Kubernetes API.
 pub async fn resolve(client: &Client, pipeline: &MailerPipeline) -> Result<Broker, Error> {
@@ -35,7 +51,17 @@ pub async fn resolve(client: &Client, pipeline: &MailerPipeline) -> Result<Broke
         let secret = get_secret(client, &namespace, &reference.name, wanted).await?;
         let value = |key: &str| required_key(&secret, &namespace, key, wanted);
         let url = value("uri")?;
-        return broker(&url, &value("username")?, &value("password")?);
+        let mut broker = broker(&url, &value("username")?, &value("password")?)?;
+        if let Some(uri) = secret_value(&secret, AMQP_URI_KEY).filter(|v| !v.trim().is_empty()) {
+            broker.amqp =
+                AmqpAddress::parse(&uri).map_err(|problem| Error::InvalidSecretValue {
+                    namespace: namespace.clone(),
+                    name: reference.name.clone(),
+                    key: AMQP_URI_KEY.to_string(),
+                    problem,
+                })?;
+        }
+        return Ok(broker);
     }
     let Some(cluster_ref) = &rabbitmq.cluster_ref else {
         return Err(pipeline
@@ -86,15 +112,45 @@ pub async fn resolve(client: &Client, pipeline: &MailerPipeline) -> Result<Broke
     let secret = get_secret(client, &cluster_namespace, &names.secret, wanted).await?;
     let value = |key: &str| required_key(&secret, &cluster_namespace, key, wanted);
     let url = management_url(&names.service, &cluster_namespace, &service);
-    broker(&url, &value("username")?, &value("password")?)
+    let mut broker = broker(&url, &value("username")?, &value("password")?)?;
+    broker.amqp = amqp_address(&broker.amqp, &service);
+    Ok(broker)
 }
 
+/// The broker behind the management API `url`, its AMQP address beside it.
 fn broker(url: &str, username: &str, password: &str) -> Result<Broker, Error> {
     let endpoint = ManagementEndpoint::with_credentials(url, username, password)?;
     Ok(Broker {
+        amqp: AmqpAddress::beside(&endpoint),
         endpoint,
         management_url: url.to_string(),
     })
+}
+
+/// A cluster's AMQP address: its Service's `amqps` port when the management API is
+/// https and the Service has one, else its `amqp` port; `beside` when it names neither.
+fn amqp_address(beside: &AmqpAddress, service: &Service) -> AmqpAddress {
+    let port = |name: &str| {
+        service
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.ports.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .find(|p| p.name.as_deref() == Some(name))
+            .and_then(|p| u16::try_from(p.port).ok())
+    };
+    let (tls, port) = match (beside.tls, port("amqps"), port("amqp")) {
+        (true, Some(port), _) => (true, port),
+        (_, _, Some(port)) => (false, port),
+        (_, Some(port), None) => (true, port),
+        _ => return beside.clone(),
+    };
+    AmqpAddress {
+        tls,
+        host: beside.host.clone(),
+        port,
+    }
 }
 
 /// The RabbitmqCluster resource of RabbitMQ's cluster-operator.
@@ -233,6 +289,27 @@ mod tests {
             }),
             ..Service::default()
         }
+    }
+
+    #[test]
+    fn the_amqp_port_is_found_by_name_and_follows_the_management_apis_tls() {
+        let plain = AmqpAddress {
+            tls: false,
+            host: "rmq.shop.svc".into(),
+            port: 5672,
+        };
+        let tls = AmqpAddress {
+            tls: true,
+            port: 5671,
+            ..plain.clone()
+        };
+        let both = service(&[("amqp", 5673), ("amqps", 5674), ("management", 15672)]);
+        assert_eq!(amqp_address(&plain, &both).port, 5673);
+        let over_tls = amqp_address(&tls, &both);
+        assert_eq!((over_tls.tls, over_tls.port), (true, 5674));
+        let only_tls = amqp_address(&plain, &service(&[("amqps", 5674)]));
+        assert_eq!((only_tls.tls, only_tls.port), (true, 5674));
+        assert_eq!(amqp_address(&plain, &service(&[("http", 80)])), plain);
     }
 
     #[test]

@@ -28,7 +28,7 @@ impl SecretRole {
     pub fn wanted(self) -> &'static str {
         match self {
             Self::Connection => {
-                "the keys uri (the management API URL, e.g. http://rabbitmq:15672), username and password"
+                "the keys uri (the management API URL, e.g. http://rabbitmq:15672), username and password, and optionally amqpUri (e.g. amqp://rabbitmq:5672)"
             }
             Self::ClusterDefaultUser => {
                 "the cluster's default user (the cluster-operator creates it)"

@@ -16,8 +16,6 @@ use super::connection::{Broker, secret_value};
 use super::error::Error;
 use super::meta::owned_meta;
 use crate::spec::MailerPipeline;
-use crate::topology::ManagementEndpoint;
-use crate::topology::live::amqp_url_for;
 
 pub const USERNAME_KEY: &str = "username";
 pub const PASSWORD_KEY: &str = "password";
@@ -140,18 +138,15 @@ pub fn generate_password() -> String {
     password
 }
 
-/// The workers' AMQP URL: the broker's host, the workers' credentials, the vhost.
+/// The workers' AMQP URL: the broker's AMQP address, the workers' credentials, the vhost.
 pub fn amqp_url(
     broker: &Broker,
     credentials: &WorkerCredentials,
     vhost: &str,
 ) -> Result<String, Error> {
-    let endpoint = ManagementEndpoint::with_credentials(
-        &broker.management_url,
-        &credentials.username,
-        &credentials.password,
-    )?;
-    Ok(amqp_url_for(&endpoint, vhost))
+    Ok(broker
+        .amqp
+        .url(&credentials.username, &credentials.password, vhost))
 }
 
 /// The Secret the pipeline owns with the workers' user and URL.
@@ -227,9 +222,12 @@ mod tests {
     fn the_secret_holds_the_url_and_is_owned_by_the_pipeline() {
         let p = pipeline();
         let creds = managed_credentials("default", &p, None, || "pw".into());
+        let endpoint =
+            crate::topology::ManagementEndpoint::with_credentials("http://rmq:15672", "admin", "a")
+                .unwrap();
         let broker = Broker {
-            endpoint: ManagementEndpoint::with_credentials("http://rmq:15672", "admin", "a")
-                .unwrap(),
+            amqp: crate::topology::live::AmqpAddress::beside(&endpoint),
+            endpoint,
             management_url: "http://rmq:15672".into(),
         };
         let url = amqp_url(&broker, &creds, "shop/eu").unwrap();

@@ -69,21 +69,81 @@ impl LiveQueues {
 /// The AMQP URL of `vhost` on the broker behind a management endpoint: same host and
 /// credentials, the standard AMQP port (5671 with TLS when the API is served over https).
 pub fn amqp_url_for(endpoint: &ManagementEndpoint, vhost: &str) -> String {
-    let (scheme, port) = if endpoint.is_tls() {
-        ("amqps", 5671)
-    } else {
-        ("amqp", 5672)
-    };
-    let enc = |s: &str| {
-        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
-    };
-    format!(
-        "{scheme}://{}:{}@{}:{port}/{}",
-        enc(&endpoint.username),
-        enc(endpoint.password()),
-        endpoint.host(),
-        enc(vhost)
-    )
+    AmqpAddress::beside(endpoint).url(&endpoint.username, endpoint.password(), vhost)
+}
+
+/// Where a broker takes AMQP connections: a scheme, a host and a port, without
+/// credentials or vhost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AmqpAddress {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+}
+
+impl AmqpAddress {
+    /// The management API's host on AMQP's standard port: 5671 (amqps) when the
+    /// management API is served over https, else 5672.
+    pub fn beside(endpoint: &ManagementEndpoint) -> Self {
+        let tls = endpoint.is_tls();
+        Self {
+            tls,
+            host: endpoint.host().to_string(),
+            port: if tls { 5671 } else { 5672 },
+        }
+    }
+
+    /// `amqp://host[:port]` or `amqps://host[:port]`; credentials and a vhost in it are
+    /// refused, since they come from elsewhere. The error never quotes `uri`, which may
+    /// hold a password.
+    pub fn parse(uri: &str) -> Result<Self, String> {
+        let url = url::Url::parse(uri.trim())
+            .map_err(|e| format!("it is not an AMQP URI ({e}); e.g. amqp://rabbitmq:5672"))?;
+        let tls = match url.scheme() {
+            "amqp" => false,
+            "amqps" => true,
+            other => {
+                return Err(format!("its scheme is {other:?}; use amqp:// or amqps://"));
+            }
+        };
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(
+                "the AMQP URI must not hold credentials (they come from username and password)"
+                    .to_string(),
+            );
+        }
+        if !matches!(url.path(), "" | "/") {
+            return Err(
+                "it names a vhost; leave it out (the pipeline's spec.rabbitmq.vhost is used)"
+                    .to_string(),
+            );
+        }
+        let host = url
+            .host_str()
+            .filter(|host| !host.is_empty())
+            .ok_or_else(|| "it has no host".to_string())?;
+        Ok(Self {
+            tls,
+            host: host.to_string(),
+            port: url.port().unwrap_or(if tls { 5671 } else { 5672 }),
+        })
+    }
+
+    /// The URL of `username` on `vhost`, each part percent-encoded.
+    pub fn url(&self, username: &str, password: &str, vhost: &str) -> String {
+        let enc = |s: &str| {
+            percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+        };
+        let scheme = if self.tls { "amqps" } else { "amqp" };
+        format!(
+            "{scheme}://{}:{}@{}:{}/{}",
+            enc(username),
+            enc(password),
+            self.host,
+            self.port,
+            enc(vhost)
+        )
+    }
 }
 
 /// `amqp_url` with its vhost path replaced by `vhost`.
@@ -102,6 +162,34 @@ pub fn with_vhost(amqp_url: &str, vhost: &str) -> Result<String, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_amqp_address_is_a_scheme_host_and_port_only() {
+        use super::AmqpAddress;
+        let parsed = AmqpAddress::parse("amqps://rmq.shop.svc").unwrap();
+        assert_eq!(
+            (parsed.tls, parsed.host.as_str(), parsed.port),
+            (true, "rmq.shop.svc", 5671)
+        );
+        assert_eq!(AmqpAddress::parse("amqp://rmq:5673/").unwrap().port, 5673);
+        assert_eq!(
+            AmqpAddress::parse("amqp://rmq:5673")
+                .unwrap()
+                .url("u s", "p@ss", "/"),
+            "amqp://u%20s:p%40ss@rmq:5673/%2F"
+        );
+        for (bad, says) in [
+            ("http://rmq:15672", "use amqp:// or amqps://"),
+            ("amqp://guest:guest@rmq:5672", "must not hold credentials"),
+            ("amqp://rmq:5672/shop", "names a vhost"),
+            ("not a uri", "is not an AMQP URI"),
+            ("http://u:hunter2@rmq:15672", "use amqp://"),
+        ] {
+            let error = AmqpAddress::parse(bad).unwrap_err();
+            assert!(error.contains(says), "{bad}: {error}");
+            assert!(!error.contains("hunter2"), "{bad}: {error}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -212,3 +212,39 @@ async fn deleting_a_pipeline_whose_vhost_is_gone_is_a_clean_deletion() {
     assert!(published[0].2.contains("does not exist"), "{published:?}");
     assert!(writes(&requests).contains(&format!("PATCH {}", pipeline_path("shop"))));
 }
+
+#[tokio::test]
+async fn an_amqp_uri_with_credentials_is_refused_before_any_write_saying_why() {
+    let h = harness();
+    h.seed_secret(
+        "conn",
+        &[
+            ("uri", secret_uri().as_str()),
+            ("username", "guest"),
+            ("password", "guest"),
+            ("amqpUri", "amqp://guest:hunter2@127.0.0.1:5672"),
+        ],
+    );
+    h.seed_pipeline(
+        "shop",
+        json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
+        true,
+    );
+    let (result, requests) = h.reconcile("shop").await;
+    let error = result.unwrap_err();
+    assert_eq!(error.category(), "invalid-secret-value", "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains("Secret prod/conn, key \"amqpUri\"")
+            && message.contains("must not hold credentials"),
+        "{message}"
+    );
+    assert!(!message.contains("hunter2"), "{message}");
+    assert_eq!(
+        writes(&requests),
+        [
+            format!("PATCH {}/status", pipeline_path("shop")),
+            format!("POST {EVENTS_PATH}")
+        ]
+    );
+}

@@ -274,6 +274,14 @@ pub fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
 }
 
+/// The test broker's AMQP address, as a connection Secret's `amqpUri` holds it.
+pub fn amqp_uri() -> String {
+    format!(
+        "amqp://127.0.0.1:{}",
+        super::support::broker::TestBroker::get().amqp_port
+    )
+}
+
 pub fn connection_secret(h: &Harness, management_url: &str) {
     h.seed_secret(
         "conn",
@@ -281,6 +289,7 @@ pub fn connection_secret(h: &Harness, management_url: &str) {
             ("uri", management_url),
             ("username", "guest"),
             ("password", "guest"),
+            ("amqpUri", &amqp_uri()),
         ],
     );
 }
