@@ -8,8 +8,10 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use kube::runtime::controller::Action;
 use mailer::controller::metrics::Metrics;
+use mailer::controller::watch::run_controllers;
 use mailer::controller::{Context, Error, Settings, reconcile};
 use mailer::spec::MailerPipeline;
+use mailer::telemetry::Health;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
@@ -183,6 +185,42 @@ impl Harness {
         prometheus_client::encoding::text::encode(&mut out, &self.registry).unwrap();
         out
     }
+}
+
+/// Runs the controllers of `h` (reporting to `health`) until `until` resolves, then stops
+/// them as SIGTERM would and waits until they have finished; fails the test when all of
+/// it takes longer than `within`.
+pub async fn run_controllers_until<T>(
+    h: &Harness,
+    health: &Health,
+    within: Duration,
+    until: impl Future<Output = T>,
+) -> T {
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let (_abort_tx, abort) = tokio::sync::watch::channel(false);
+    let namespaces = [NS.to_string()];
+    let running = run_controllers(
+        h.fake.client(),
+        &namespaces,
+        h.ctx.clone(),
+        health,
+        stop,
+        abort,
+    );
+    let checking = async {
+        let found = until.await;
+        stop_tx.send(true).expect("the controllers listen");
+        found
+    };
+    let ((), found) = tokio::time::timeout(within, async { tokio::join!(running, checking) })
+        .await
+        .expect("the controllers stop on shutdown");
+    found
+}
+
+/// A replica's health, as `mailer controller` makes it.
+pub fn controller_health() -> Arc<Health> {
+    Health::new(Duration::from_secs(60))
 }
 
 /// Every request is one the code's list of API calls (src/controller/rbac.rs, which the

@@ -3,10 +3,7 @@
 
 use std::time::Duration;
 
-use mailer::controller::watch::run_controllers;
-use mailer::telemetry::Health;
 use serde_json::json;
-use tokio::sync::watch;
 
 use super::broker::eventually;
 use super::harness::*;
@@ -19,18 +16,7 @@ async fn watched_pipelines_are_reconciled_until_shutdown() {
         json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
         false,
     );
-    let health = Health::new(Duration::from_secs(60));
-    let (stop_tx, stop) = watch::channel(false);
-    let (_lost_tx, lost) = watch::channel(false);
-    let namespaces = [NS.to_string()];
-    let running = run_controllers(
-        h.fake.client(),
-        &namespaces,
-        h.ctx.clone(),
-        &health,
-        stop,
-        lost,
-    );
+    let health = controller_health();
     let checking = async {
         eventually(20, "the finalizer to be added by a reconcile", || async {
             let stored = h.fake.get(&pipeline_path("shop"))?;
@@ -41,13 +27,8 @@ async fn watched_pipelines_are_reconciled_until_shutdown() {
             health.is_ready().then_some(())
         })
         .await;
-        stop_tx.send(true).unwrap();
     };
-    tokio::time::timeout(Duration::from_secs(30), async {
-        tokio::join!(running, checking)
-    })
-    .await
-    .expect("the controllers stop on shutdown");
+    run_controllers_until(&h, &health, Duration::from_secs(30), checking).await;
 }
 
 /// A pipeline the operator cannot deserialize (a field of a newer CRD) is reported on
@@ -60,18 +41,7 @@ async fn an_unreadable_pipeline_does_not_stall_the_others() {
     let mut newer = spec;
     newer["fieldOfANewerCrd"] = json!(true);
     h.seed_pipeline("newer", newer, false);
-    let health = Health::new(Duration::from_secs(60));
-    let (stop_tx, stop) = watch::channel(false);
-    let (_lost_tx, lost) = watch::channel(false);
-    let namespaces = [NS.to_string()];
-    let running = run_controllers(
-        h.fake.client(),
-        &namespaces,
-        h.ctx.clone(),
-        &health,
-        stop,
-        lost,
-    );
+    let health = controller_health();
     let checking = async {
         eventually(20, "the good pipeline to be reconciled", || async {
             let stored = h.fake.get(&pipeline_path("good"))?;
@@ -92,13 +62,8 @@ async fn an_unreadable_pipeline_does_not_stall_the_others() {
                 .contains("fieldOfANewerCrd"),
             "{ready}"
         );
-        stop_tx.send(true).unwrap();
     };
-    tokio::time::timeout(Duration::from_secs(30), async {
-        tokio::join!(running, checking)
-    })
-    .await
-    .expect("the controllers stop on shutdown");
+    run_controllers_until(&h, &health, Duration::from_secs(30), checking).await;
     let published = events(&h.fake.take_requests());
     assert_eq!(
         published
@@ -120,18 +85,7 @@ async fn a_secret_that_appears_reconciles_the_pipeline_that_reads_it() {
         json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
         true,
     );
-    let health = Health::new(Duration::from_secs(60));
-    let (stop_tx, stop) = watch::channel(false);
-    let (_abort_tx, abort) = watch::channel(false);
-    let namespaces = [NS.to_string()];
-    let running = run_controllers(
-        h.fake.client(),
-        &namespaces,
-        h.ctx.clone(),
-        &health,
-        stop,
-        abort,
-    );
+    let health = controller_health();
     let reason = |h: &Harness| {
         let stored = h.fake.get(&pipeline_path("shop"))?;
         let conditions = stored["status"]["conditions"].as_array()?.clone();
@@ -168,11 +122,6 @@ async fn a_secret_that_appears_reconciles_the_pipeline_that_reads_it() {
                 }),
             "Secrets are watched as metadata only"
         );
-        stop_tx.send(true).unwrap();
     };
-    tokio::time::timeout(Duration::from_secs(40), async {
-        tokio::join!(running, checking)
-    })
-    .await
-    .expect("the controllers stop on shutdown");
+    run_controllers_until(&h, &health, Duration::from_secs(40), checking).await;
 }

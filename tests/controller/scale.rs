@@ -6,11 +6,8 @@
 
 use std::time::Duration;
 
-use mailer::controller::watch::run_controllers;
-use mailer::telemetry::Health;
 use mailer::topology::MAX_IN_FLIGHT;
 use serde_json::{Value, json};
-use tokio::sync::watch;
 
 use super::broker::{CLOSED_MANAGEMENT_URL, eventually};
 use super::fake_api::Address;
@@ -31,32 +28,9 @@ const MANAGEMENT_REQUESTS_PER_PIPELINE: usize = 5;
 /// workers' user). Its Deployment and worker Secret come from the watch caches.
 const KUBERNETES_REQUESTS_PER_PIPELINE: usize = 2;
 
-/// Runs the controllers of `h` until `until` resolves, then stops them and waits until
-/// they have finished.
+/// Runs the controllers of `h` until `until` resolves (within 120 s).
 async fn run_until<T>(h: &Harness, until: impl Future<Output = T>) -> T {
-    let health = Health::new(Duration::from_secs(60));
-    let (stop_tx, stop) = watch::channel(false);
-    let (_abort_tx, abort) = watch::channel(false);
-    let namespaces = [NS.to_string()];
-    let running = run_controllers(
-        h.fake.client(),
-        &namespaces,
-        h.ctx.clone(),
-        &health,
-        stop,
-        abort,
-    );
-    let checking = async {
-        let found = until.await;
-        stop_tx.send(true).expect("the controllers listen");
-        found
-    };
-    let ((), found) = tokio::time::timeout(Duration::from_secs(120), async {
-        tokio::join!(running, checking)
-    })
-    .await
-    .expect("the controllers stop on shutdown");
-    found
+    run_controllers_until(h, &controller_health(), Duration::from_secs(120), until).await
 }
 
 /// Reconciles counted by `h`'s metrics: `(successful, failed)`.
