@@ -44,6 +44,8 @@ mod process;
 mod provider_ca;
 #[path = "topology/proxy.rs"]
 pub mod proxy;
+#[path = "controller/reconciles.rs"]
+mod reconciles;
 #[path = "controller/running.rs"]
 mod running;
 #[path = "controller/scale.rs"]

@@ -35,6 +35,8 @@ pub mod fake_api;
 pub mod many;
 #[path = "../../tests/topology/proxy.rs"]
 pub mod proxy;
+#[path = "../../tests/controller/reconciles.rs"]
+mod reconciles;
 
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -203,23 +205,7 @@ impl Controller {
         let Ok(body) = async { reqwest::get(&self.metrics).await?.text().await }.await else {
             return (0, 0);
         };
-        let (mut ok, mut failed) = (0, 0);
-        for line in body.lines() {
-            let Some(rest) = line.strip_prefix("mailer_controller_reconciles_total{") else {
-                continue;
-            };
-            let count = rest
-                .rsplit(' ')
-                .next()
-                .and_then(|n| n.parse::<f64>().ok())
-                .unwrap_or(0.0) as u64;
-            if rest.contains("result=\"success\"") {
-                ok += count;
-            } else {
-                failed += count;
-            }
-        }
-        (ok, failed)
+        reconciles::reconciles_in(&body)
     }
 
     /// Waits until it has counted `n` more reconciles than `before`, sampling its

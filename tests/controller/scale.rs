@@ -35,23 +35,7 @@ async fn run_until<T>(h: &Harness, until: impl Future<Output = T>) -> T {
 
 /// Reconciles counted by `h`'s metrics: `(successful, failed)`.
 fn reconciles(h: &Harness) -> (u64, u64) {
-    let (mut ok, mut failed) = (0, 0);
-    for line in h.metrics().lines() {
-        let Some(rest) = line.strip_prefix("mailer_controller_reconciles_total{") else {
-            continue;
-        };
-        let count = rest
-            .rsplit(' ')
-            .next()
-            .and_then(|n| n.parse::<f64>().ok())
-            .unwrap_or(0.0) as u64;
-        if rest.contains("result=\"success\"") {
-            ok += count;
-        } else {
-            failed += count;
-        }
-    }
-    (ok, failed)
+    super::reconciles::reconciles_in(&h.metrics())
 }
 
 async fn reconciled(h: &Harness, pipelines: usize) {
