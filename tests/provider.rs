@@ -219,6 +219,58 @@ async fn a_closed_port_fails_for_now() {
     assert!(error.to_string().starts_with("127.0.0.1:"), "{error}");
 }
 
+/// A server that closes every connection before its greeting, counting them.
+async fn hanging_up_server() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a local port");
+    let port = listener.local_addr().expect("its address").port();
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            // Counted before the client can see the connection end.
+            counter.fetch_add(1, Ordering::SeqCst);
+            drop(stream);
+        }
+    });
+    (port, accepted)
+}
+
+#[tokio::test]
+async fn a_server_that_keeps_hanging_up_is_left_alone_and_sends_fail_for_now_at_once() {
+    use std::sync::atomic::Ordering;
+    let (port, accepted) = hanging_up_server().await;
+    let provider = provider::from_url(&format!(
+        "smtp://127.0.0.1:{port}?tls=none&timeout=5s&connections=1"
+    ))
+    .expect("valid");
+    let mut errors = Vec::new();
+    for n in 0..5 {
+        let error = provider
+            .send(mail(&["a@example.com"], &format!("hang-up-{n}")))
+            .await
+            .expect_err("the server hangs up");
+        errors.push(error);
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        3,
+        "three connects in a row failed, then none was tried: {errors:#?}"
+    );
+    for error in &errors {
+        assert!(!error.is_for_good(), "parked, not dead-lettered: {error}");
+        assert_eq!(error.class(), errors[0].class(), "{error}");
+    }
+    let paused = errors[3].to_string();
+    assert!(
+        paused.starts_with(&errors[2].to_string())
+            && paused.contains("connecting failed 3 times in a row: not trying again for up to 1s"),
+        "names the last failure and the pause: {paused}"
+    );
+}
+
 #[tokio::test]
 async fn a_server_without_starttls_is_refused_when_tls_is_required() {
     let server = SmtpServer::start();

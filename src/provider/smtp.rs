@@ -8,6 +8,7 @@
 //! mail failed for good whatever follows, else a 4xx means it failed for now. After a
 //! refused transaction `RSET` makes the connection reusable.
 
+mod breaker;
 mod failure;
 mod settings;
 
@@ -23,6 +24,7 @@ use lettre::transport::smtp::commands::{Data, Mail as MailCommand, Rcpt, Rset};
 use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
 use tokio::sync::Semaphore;
 
+use breaker::{ConnectBreaker, Gate, Tripped};
 use failure::{Cause, Step, StepError, classify, refused_recipients};
 pub use settings::{
     DEFAULT_CONNECTIONS, DEFAULT_SMTP_PORT, DEFAULT_SMTPS_PORT, DEFAULT_TIMEOUT, Security,
@@ -51,6 +53,8 @@ pub struct SmtpProvider {
     /// One permit per connection: a send holds one while it uses a connection, so no
     /// more than `connections` are open at once.
     permits: Semaphore,
+    /// Pauses connecting while the server cannot be reached.
+    breaker: ConnectBreaker,
 }
 
 struct PooledConnection {
@@ -109,6 +113,7 @@ impl SmtpProvider {
             tls,
             hello,
             idle: Mutex::new(Vec::new()),
+            breaker: ConnectBreaker::default(),
         })
     }
 
@@ -196,14 +201,41 @@ impl SmtpProvider {
             .push(pooled);
     }
 
-    /// Opens a connection: greeting, `EHLO`, TLS as the settings say, and login.
+    /// Opens a connection: greeting, `EHLO`, TLS as the settings say, and login; or fails
+    /// at once while the [breaker](breaker) pauses connecting.
     async fn connect(&self) -> Result<PooledConnection, SendError> {
+        if let Gate::FailFast(error) = self.breaker.gate(Instant::now()) {
+            return Err(error);
+        }
+        let connection = match self.reach().await {
+            Ok(connection) => {
+                if self.breaker.connected() {
+                    tracing::info!(server = %self.server, "the server answers again: connecting as usual");
+                }
+                connection
+            }
+            Err(error) => {
+                if let Tripped::Paused(pause) = self.breaker.failed(Instant::now(), &error) {
+                    tracing::warn!(
+                        server = %self.server,
+                        "{error}; sends fail for now without connecting for {} (then one tries again)",
+                        humantime::format_duration(pause)
+                    );
+                }
+                return Err(error);
+            }
+        };
+        self.start_session(connection).await
+    }
+
+    /// The connection and the server's greeting, as the settings say (implicit TLS or not).
+    async fn reach(&self) -> Result<AsyncSmtpConnection, SendError> {
         let settings = &self.settings;
         let implicit_tls = match settings.security {
             Security::ImplicitTls => self.tls.clone(),
             _ => None,
         };
-        let mut connection = match implicit_tls {
+        let connection = match implicit_tls {
             Some(tls) => {
                 let connecting = AsyncSmtpConnection::connect_tokio1(
                     (settings.host.as_str(), settings.port),
@@ -225,7 +257,15 @@ impl SmtpProvider {
         }
         .map_err(|e| self.report(e))?;
         tracing::debug!(server = %self.server, "connected");
+        Ok(connection)
+    }
 
+    /// STARTTLS and login on a new connection, as the settings say.
+    async fn start_session(
+        &self,
+        mut connection: AsyncSmtpConnection,
+    ) -> Result<PooledConnection, SendError> {
+        let settings = &self.settings;
         let wants_starttls = matches!(
             settings.security,
             Security::StartTlsRequired | Security::StartTlsOpportunistic
