@@ -272,3 +272,24 @@ async fn returns_are_matched_to_their_own_publish_when_many_are_in_flight() {
     .await;
     assert_eq!(ready(&vhost, "mail.send.dead").await, 8);
 }
+
+#[tokio::test]
+async fn connections_ask_for_small_frames_unless_the_url_names_a_size() {
+    // lapin keeps 64 frames of buffer per connection: at the broker's 128 KiB, 8 MiB.
+    let vhost = TestVhost::created("frames").await;
+    let timeout = Duration::from_secs(10);
+    let ours = mailer::amqp::connect(&vhost.amqp_url(), "frames", timeout)
+        .await
+        .expect("connects");
+    assert_eq!(
+        ours.configuration().frame_max(),
+        mailer::amqp::connect::DEFAULT_FRAME_MAX
+    );
+    let named = format!("{}?frame_max=65536", vhost.amqp_url());
+    let theirs = mailer::amqp::connect(&named, "frames", timeout)
+        .await
+        .expect("connects");
+    assert_eq!(theirs.configuration().frame_max(), 65_536);
+    let _ = ours.close(200, "done".into()).await;
+    let _ = theirs.close(200, "done".into()).await;
+}

@@ -1,9 +1,9 @@
 //! Live queue counts over AMQP: the management API's statistics lag by seconds, and
 //! deciding whether a queue may be deleted must not rest on a stale count.
 
+use lapin::Connection;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties};
 
 use super::ManagementEndpoint;
 
@@ -22,14 +22,13 @@ pub struct LiveQueues {
 
 impl LiveQueues {
     pub async fn connect(amqp_url: &str) -> Result<Self, String> {
-        let connection = Connection::connect(amqp_url, ConnectionProperties::default())
-            .await
-            .map_err(|e| {
-                format!(
-                    "cannot connect to {} over AMQP: {e}",
-                    crate::redact::redact_url(amqp_url)
-                )
-            })?;
+        let connection = crate::amqp::connect(
+            amqp_url,
+            "mailer live queue counts",
+            crate::amqp::connect::DEFAULT_CONNECT_TIMEOUT,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
         Ok(Self { connection })
     }
 
