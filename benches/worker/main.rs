@@ -9,8 +9,9 @@
 //! 2. the park path: every send fails for now (a closed local port), so the worker parks
 //!    each request in the retry exchange, against a bare consume, publish-with-confirm
 //!    (mandatory), ack loop with the same concurrency;
-//! 3. end to end: mails per second from the worker to a local SMTP sink (aiosmtpd), and
-//!    the sink's own limit with the SMTP provider alone;
+//! 3. end to end: mails per second from the worker to a local SMTP sink (aiosmtpd, or
+//!    Postfix's `smtp-sink` with `MAILER_BENCH_SMTP_SINK`), and the sink's own limit with
+//!    the SMTP provider alone;
 //! 4. the resident memory of `mailer worker`, run as a child process, draining requests
 //!    of 579 bytes and of 10 MiB (see `memory.rs`).
 //!
@@ -28,6 +29,8 @@
 //! - `MAILER_BENCH_ROUNDS` (5);
 //! - `MAILER_BENCH_SCENARIOS`: a subset of `ack,park,smtp,memory`;
 //! - `MAILER_BENCH_SMTP_OPTIONS`, e.g. `&connections=16`: appended to the sink's URL;
+//! - `MAILER_BENCH_SMTP_SINK`: the path of Postfix's `smtp-sink`, to use instead of
+//!   aiosmtpd (see `sink.rs`);
 //! - `MAILER_BENCH_PARK_IN_MEMORY=1`: on the park path the worker's provider fails in
 //!   memory instead of connecting to a closed port, to tell the worker's own cost from
 //!   that of a refused connection.
@@ -366,7 +369,8 @@ async fn end_to_end(s: &Settings, body: &[u8]) -> Result<EndToEnd> {
         std::env::var("MAILER_BENCH_SMTP_OPTIONS").unwrap_or_default()
     );
     println!(
-        "\n== 3. end to end: {n} requests, worker with {url} (tests/smtp_server.py, aiosmtpd, stores each mail) (load {})",
+        "\n== 3. end to end: {n} requests, worker with {url} ({}) (load {})",
+        sink.describe(),
         load_average()
     );
     let vhost = BenchVhost::create("smtp").await?;

@@ -1,7 +1,12 @@
-//! A local SMTP sink: `tests/smtp_server.py` (aiosmtpd), which stores every mail, and
-//! the sink's own limit, measured with the provider alone.
+//! A local SMTP sink, and its own limit measured with the provider alone. Either
+//! `tests/smtp_server.py` (aiosmtpd, Python; the default), or, when
+//! `MAILER_BENCH_SMTP_SINK` names it, Postfix's `smtp-sink`: Postfix's own test server
+//! for measuring SMTP clients, written in C, which the Python server cannot keep up with
+//! at 1,000 mails/s on this machine. Both store every mail as a file, which the bench
+//! counts.
 
 use std::io::{BufRead, BufReader};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -13,20 +18,40 @@ use mailer::message::Mail;
 use mailer::provider::Provider;
 
 const START_LIMIT: Duration = Duration::from_secs(30);
+/// The names Postfix's `smtp-sink -d` gives the mails it dumps: this, then a random
+/// hexadecimal number.
+const POSTFIX_DUMP_PREFIX: &str = "mail.";
 
-/// `tests/smtp_server.py` as a child process, stopped and its mail removed when dropped.
+/// Which server the sink runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    Aiosmtpd,
+    PostfixSmtpSink,
+}
+
+/// The sink's server as a child process, stopped and its mail removed when dropped.
 pub struct SmtpSink {
     child: Child,
+    pub server: Server,
     pub port: u16,
     pub mail_dir: PathBuf,
 }
 
 impl SmtpSink {
+    /// Starts the server `MAILER_BENCH_SMTP_SINK` names (a path to Postfix's `smtp-sink`),
+    /// or aiosmtpd when it is unset.
     pub fn start() -> Result<Self> {
         let mail_dir =
             std::env::temp_dir().join(format!("mailer-bench-smtp-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&mail_dir);
         std::fs::create_dir_all(&mail_dir)?;
+        match std::env::var_os("MAILER_BENCH_SMTP_SINK") {
+            Some(path) => Self::start_postfix(Path::new(&path), mail_dir),
+            None => Self::start_aiosmtpd(mail_dir),
+        }
+    }
+
+    fn start_aiosmtpd(mail_dir: PathBuf) -> Result<Self> {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smtp_server.py");
         let mut child = Command::new("python3")
             .arg(&script)
@@ -47,6 +72,7 @@ impl SmtpSink {
         });
         let mut sink = Self {
             child,
+            server: Server::Aiosmtpd,
             port: 0,
             mail_dir,
         };
@@ -63,6 +89,63 @@ impl SmtpSink {
         Ok(sink)
     }
 
+    /// Postfix's `smtp-sink`, dumping each mail into `mail_dir`. Taken from Debian's
+    /// postfix package without installing it (which would start a mail server):
+    /// `apt-get download postfix && dpkg-deb -x postfix_*.deb /opt/postfix`, then
+    /// `MAILER_BENCH_SMTP_SINK=/opt/postfix/usr/sbin/smtp-sink`. Its libraries are looked
+    /// for in `../lib/postfix` beside it.
+    fn start_postfix(binary: &Path, mail_dir: PathBuf) -> Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .context("a free local port")?
+            .port();
+        let libraries = binary
+            .parent()
+            .and_then(Path::parent)
+            .map(|usr| usr.join("lib/postfix"))
+            .unwrap_or_default();
+        let mut command = Command::new(binary);
+        // As root it must drop to another user, who then writes the mail.
+        // SAFETY: geteuid only reads the process's effective user id.
+        if unsafe { libc::geteuid() } == 0 {
+            command.args(["-u", "nobody"]);
+            Command::new("chmod").arg("0777").arg(&mail_dir).status()?;
+        }
+        let child = command
+            .arg("-d")
+            .arg(mail_dir.join(POSTFIX_DUMP_PREFIX))
+            .arg(format!("127.0.0.1:{port}"))
+            // The listen backlog.
+            .arg("256")
+            .env("LD_LIBRARY_PATH", libraries)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("MAILER_BENCH_SMTP_SINK: cannot run {}", binary.display()))?;
+        let sink = Self {
+            child,
+            server: Server::PostfixSmtpSink,
+            port,
+            mail_dir,
+        };
+        let deadline = Instant::now() + START_LIMIT;
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                bail!("{} does not listen on port {port}", binary.display());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(sink)
+    }
+
+    /// What the sink is, as the bench prints it.
+    pub fn describe(&self) -> &'static str {
+        match self.server {
+            Server::Aiosmtpd => "tests/smtp_server.py, aiosmtpd, stores each mail",
+            Server::PostfixSmtpSink => "Postfix's smtp-sink, dumps each mail to a file",
+        }
+    }
+
     /// The provider URL of this sink, plain text as a local relay would be.
     pub fn provider_url(&self) -> String {
         format!("smtp://127.0.0.1:{}?tls=none", self.port)
@@ -70,10 +153,17 @@ impl SmtpSink {
 
     /// How many mails the sink has stored.
     pub fn stored(&self) -> usize {
+        let is_mail = |path: &Path| match self.server {
+            Server::Aiosmtpd => path.extension().is_some_and(|x| x == "eml"),
+            Server::PostfixSmtpSink => path
+                .file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with(POSTFIX_DUMP_PREFIX)),
+        };
         std::fs::read_dir(&self.mail_dir).map_or(0, |entries| {
             entries
                 .filter_map(Result::ok)
-                .filter(|e| e.path().extension().is_some_and(|x| x == "eml"))
+                .filter(|e| is_mail(&e.path()))
                 .count()
         })
     }
@@ -81,7 +171,7 @@ impl SmtpSink {
 
 impl Drop for SmtpSink {
     fn drop(&mut self) {
-        // SIGTERM is the script's way out; kill() is SIGKILL, which also ends it.
+        // SIGTERM is either server's way out; kill() is SIGKILL, which also ends it.
         let _ = Command::new("kill")
             .arg(self.child.id().to_string())
             .status();
