@@ -24,7 +24,7 @@ use lettre::transport::smtp::commands::{Data, Mail as MailCommand, Rcpt, Rset};
 use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
 use tokio::sync::Semaphore;
 
-use breaker::{ConnectBreaker, Gate, Tripped};
+use breaker::{ConnectBreaker, Gate};
 use failure::{Cause, Step, StepError, classify, refused_recipients};
 pub use settings::{
     DEFAULT_CONNECTIONS, DEFAULT_SMTP_PORT, DEFAULT_SMTPS_PORT, DEFAULT_TIMEOUT, Security,
@@ -207,24 +207,10 @@ impl SmtpProvider {
         if let Gate::FailFast(error) = self.breaker.gate(Instant::now()) {
             return Err(error);
         }
-        let connection = match self.reach().await {
-            Ok(connection) => {
-                if self.breaker.connected() {
-                    tracing::info!(server = %self.server, "the server answers again: connecting as usual");
-                }
-                connection
-            }
-            Err(error) => {
-                if let Tripped::Paused(pause) = self.breaker.failed(Instant::now(), &error) {
-                    tracing::warn!(
-                        server = %self.server,
-                        "{error}; sends fail for now without connecting for {} (then one tries again)",
-                        humantime::format_duration(pause)
-                    );
-                }
-                return Err(error);
-            }
-        };
+        let attempt = breaker::Attempt::start(&self.breaker, &self.server);
+        let reached = self.reach().await;
+        attempt.finish(reached.as_ref().map(|_| ()));
+        let connection = reached?;
         self.start_session(connection).await
     }
 

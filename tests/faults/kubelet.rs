@@ -88,6 +88,22 @@ impl Kubelet {
         http_get(self.http_port, "/readyz")
     }
 
+    /// The deliveries the worker running now has parked (its `/metrics`; 0 when nothing
+    /// answers).
+    pub fn parked(&self) -> usize {
+        let Some((200, metrics)) = http_get(self.http_port, "/metrics") else {
+            return 0;
+        };
+        metrics
+            .lines()
+            .filter(|line| {
+                line.starts_with("mailer_worker_deliveries_total{")
+                    && line.contains("outcome=\"parked\"")
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as usize
+    }
+
     /// Stops the worker running now with SIGTERM, as a rollout does.
     pub fn stop(mut self) {
         self.stop.store(true, Ordering::SeqCst);

@@ -2,7 +2,7 @@
 //! sessions through, accept them and never answer, or cut them in the middle of DATA.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -23,6 +23,8 @@ pub enum Mode {
 pub struct SmtpProxy {
     pub port: u16,
     mode: Arc<AtomicU8>,
+    /// Sessions accepted while silent.
+    silent_sessions: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -32,11 +34,16 @@ impl SmtpProxy {
         let port = listener.local_addr().expect("address").port();
         let shared = Arc::new(AtomicU8::new(mode as u8));
         let current = shared.clone();
+        let silent_sessions = Arc::new(AtomicUsize::new(0));
+        let counted = silent_sessions.clone();
         let task = tokio::spawn(async move {
             let mut silent = Vec::new();
             while let Ok((client, _)) = listener.accept().await {
                 match current.load(Ordering::SeqCst) {
-                    1 => silent.push(client),
+                    1 => {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        silent.push(client);
+                    }
                     mode => {
                         tokio::spawn(relay(client, upstream, mode));
                     }
@@ -46,6 +53,7 @@ impl SmtpProxy {
         Self {
             port,
             mode: shared,
+            silent_sessions,
             task,
         }
     }
@@ -53,6 +61,11 @@ impl SmtpProxy {
     /// Sessions opened from now on behave as `mode` says.
     pub fn set(&self, mode: Mode) {
         self.mode.store(mode as u8, Ordering::SeqCst);
+    }
+
+    /// How many sessions it accepted and left silent.
+    pub fn silent_sessions(&self) -> usize {
+        self.silent_sessions.load(Ordering::SeqCst)
     }
 }
 

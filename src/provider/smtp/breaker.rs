@@ -1,6 +1,7 @@
 //! Failing fast while the SMTP server cannot be reached.
 //!
-//! When the server refuses connections (or does not answer them), every send would
+//! When the server refuses connections (or does not answer them in time: its own timeout,
+//! or the worker's send deadline, which drops the send), every send would
 //! spend a connection attempt, up to the timeout, only to fail for now. After
 //! [`FAILURES_BEFORE_PAUSE`] failed connects in a row the breaker pauses connecting: a
 //! send that needs a new connection fails for now at once, with the last connect's
@@ -15,7 +16,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::provider::SendError;
+use crate::provider::{ErrorClass, SendError};
 
 /// Failed connects in a row that start a pause.
 pub(super) const FAILURES_BEFORE_PAUSE: u32 = 3;
@@ -116,6 +117,61 @@ impl ConnectBreaker {
     }
 }
 
+/// One connect through the breaker: say how it ended with [`finish`](Self::finish). One
+/// that is dropped before it ended (the worker's send deadline, `MAIL_SEND_TIMEOUT`, came
+/// first) counts as a connect that got no answer in time.
+pub(super) struct Attempt<'a> {
+    breaker: &'a ConnectBreaker,
+    server: &'a str,
+    ended: bool,
+}
+
+impl<'a> Attempt<'a> {
+    pub(super) fn start(breaker: &'a ConnectBreaker, server: &'a str) -> Self {
+        Self {
+            breaker,
+            server,
+            ended: false,
+        }
+    }
+
+    pub(super) fn finish(mut self, result: Result<(), &SendError>) {
+        self.ended = true;
+        match result {
+            Ok(()) => {
+                if self.breaker.connected() {
+                    tracing::info!(server = %self.server, "the server answers again: connecting as usual");
+                }
+            }
+            Err(error) => self.failed(error),
+        }
+    }
+
+    fn failed(&self, error: &SendError) {
+        if let Tripped::Paused(pause) = self.breaker.failed(Instant::now(), error) {
+            tracing::warn!(
+                server = %self.server,
+                "{error}; sends fail for now without connecting for {} (then one tries again)",
+                humantime::format_duration(pause)
+            );
+        }
+    }
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.failed(&SendError::for_now(
+                ErrorClass::Timeout,
+                format!(
+                    "{}: connecting: no greeting before the send's deadline",
+                    self.server
+                ),
+            ));
+        }
+    }
+}
+
 /// The pause after `failures` failed connects in a row: [`FIRST_PAUSE`] at the
 /// threshold, doubled for each failure after it, at most [`LONGEST_PAUSE`].
 fn pause_after(failures: u32) -> Duration {
@@ -128,7 +184,7 @@ fn pause_after(failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::{ErrorClass, Failure};
+    use crate::provider::Failure;
 
     fn refused() -> SendError {
         SendError::for_now(
@@ -205,6 +261,25 @@ mod tests {
         assert_eq!(breaker.gate(over), Gate::Connect);
         // That send was dropped before its connect ended: no failed() or connected().
         assert_eq!(breaker.gate(over + FIRST_PAUSE), Gate::Connect);
+    }
+
+    #[test]
+    fn connects_dropped_by_the_send_deadline_count_as_answered_too_late() {
+        let breaker = ConnectBreaker::default();
+        for _ in 0..FAILURES_BEFORE_PAUSE {
+            drop(Attempt::start(&breaker, "relay:25"));
+        }
+        let error = fail_fast(breaker.gate(Instant::now()));
+        assert_eq!(error.class(), ErrorClass::Timeout);
+        assert!(
+            error
+                .message()
+                .starts_with("relay:25: connecting: no greeting before the send's deadline"),
+            "{error}"
+        );
+
+        Attempt::start(&breaker, "relay:25").finish(Ok(()));
+        assert_eq!(breaker.gate(Instant::now()), Gate::Connect);
     }
 
     #[test]
