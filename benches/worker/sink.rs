@@ -39,13 +39,13 @@ pub struct SmtpSink {
 
 impl SmtpSink {
     /// Starts the server `MAILER_BENCH_SMTP_SINK` names (a path to Postfix's `smtp-sink`),
-    /// or aiosmtpd when it is unset.
+    /// or aiosmtpd when it is unset or empty.
     pub fn start() -> Result<Self> {
         let mail_dir =
             std::env::temp_dir().join(format!("mailer-bench-smtp-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&mail_dir);
         std::fs::create_dir_all(&mail_dir)?;
-        match std::env::var_os("MAILER_BENCH_SMTP_SINK") {
+        match std::env::var_os("MAILER_BENCH_SMTP_SINK").filter(|path| !path.is_empty()) {
             Some(path) => Self::start_postfix(Path::new(&path), mail_dir),
             None => Self::start_aiosmtpd(mail_dir),
         }
