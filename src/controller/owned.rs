@@ -260,3 +260,52 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(name: &str, version: &str) -> Secret {
+        let mut secret = Secret::default();
+        secret.metadata.name = Some(name.into());
+        secret.metadata.namespace = Some("prod".into());
+        secret.metadata.resource_version = Some(version.into());
+        secret
+    }
+
+    fn version(cache: &Packed<Secret>, name: &str) -> Option<String> {
+        cache.get("prod", name)?.metadata.resource_version
+    }
+
+    #[test]
+    fn a_packed_cache_follows_its_watch_and_a_relist_forgets_what_went() {
+        let cache = Packed::<Secret>::default();
+        cache.observe(&Event::Init);
+        cache.observe(&Event::InitApply(secret("a", "1")));
+        assert!(!cache.is_ready());
+        assert_eq!(
+            version(&cache, "a"),
+            None,
+            "not ready before its first list"
+        );
+        cache.observe(&Event::InitApply(secret("b", "1")));
+        cache.observe(&Event::InitDone);
+        assert!(cache.is_ready());
+        assert_eq!(version(&cache, "a").as_deref(), Some("1"));
+
+        cache.observe(&Event::Apply(secret("a", "2")));
+        cache.observe(&Event::Delete(secret("b", "1")));
+        assert_eq!(version(&cache, "a").as_deref(), Some("2"));
+        assert_eq!(version(&cache, "b"), None);
+        assert_eq!(cache.get("other", "a").map(|_| ()), None);
+
+        // A relist: what it lacks is gone once it is complete, and until then the
+        // cache answers from the previous list.
+        cache.observe(&Event::Init);
+        cache.observe(&Event::InitApply(secret("c", "1")));
+        assert_eq!(version(&cache, "a").as_deref(), Some("2"));
+        cache.observe(&Event::InitDone);
+        assert_eq!(version(&cache, "a"), None);
+        assert_eq!(version(&cache, "c").as_deref(), Some("1"));
+    }
+}
