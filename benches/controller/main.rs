@@ -21,13 +21,18 @@
 //!
 //! By default the pipelines' connection Secret is missing, so each reconcile stops in
 //! its resolve phase (a status and an event say so) and the figures are the
-//! controller's own: its caches and watches. `MAILER_BENCH_BROKER=1` gives them the real
-//! RabbitMQ 3.10 at 127.0.0.1:15672 instead, through the proxy: pipeline `i` has
+//! controller's own: its caches and watches. `MAILER_BENCH_BROKER=4.0` gives them the real
+//! RabbitMQ 4.0 at 127.0.0.1:15673 (started by `.ci/rabbitmq4.sh start`) instead, through
+//! the proxy, and `MAILER_BENCH_BROKER=3.10` (or `1`) the host's RabbitMQ 3.10 at
+//! 127.0.0.1:15672, which a run at 1,000 pipelines can wedge when it deletes their
+//! quorum queues at the end: share it with care. Pipeline `i` has
 //! objects named `p<i>.…` in vhost `mailer-bench-controller-<i mod
 //! MAILER_BENCH_VHOSTS>` (10 vhosts), and the workers' user is given (guest), so no
 //! broker user is made per pipeline. The vhosts and the owner markers of their
 //! topologies (`mailer-owner|topology|<vhost>|…` global parameters) are deleted at the
 //! end, also when the run fails.
+//!
+//! The controller runs as shipped: no environment variable tunes its allocator.
 
 #[path = "../../tests/controller/fake_api/mod.rs"]
 pub mod fake_api;
@@ -55,7 +60,19 @@ const MEMORY_TARGET_MIB: f64 = 64.0;
 const RESTART_TARGET: Duration = Duration::from_secs(60);
 const NS: &str = "bench";
 const VHOST_PREFIX: &str = "mailer-bench-controller-";
-const BROKER: &str = "127.0.0.1:15672";
+
+/// The management API of the broker `MAILER_BENCH_BROKER` names, if any.
+fn broker_address() -> Result<Option<&'static str>> {
+    match std::env::var("MAILER_BENCH_BROKER")
+        .unwrap_or_default()
+        .as_str()
+    {
+        "" | "0" => Ok(None),
+        "1" | "3.10" => Ok(Some("127.0.0.1:15672")),
+        "4.0" => Ok(Some("127.0.0.1:15673")),
+        other => bail!("MAILER_BENCH_BROKER={other:?}: use 4.0 or 3.10"),
+    }
+}
 
 fn main() -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
@@ -94,13 +111,14 @@ async fn run() -> Result<()> {
         secrets: count("MAILER_BENCH_SECRETS", 10_000)?,
         vhosts: count("MAILER_BENCH_VHOSTS", 10)?.max(1),
     };
-    let broker = match std::env::var("MAILER_BENCH_BROKER").is_ok_and(|v| v == "1") {
-        true => Some(Proxy::start(BROKER, Duration::ZERO).await),
-        false => None,
+    let address = broker_address()?;
+    let broker = match address {
+        Some(address) => Some((Proxy::start(address, Duration::ZERO).await, address)),
+        None => None,
     };
     let result = measure(&sizes, broker.as_ref()).await;
-    if broker.is_some() {
-        remove_from_broker(sizes.vhosts).await;
+    if let Some((_, address)) = broker {
+        remove_from_broker(address, sizes.vhosts).await;
     }
     result
 }
@@ -182,9 +200,6 @@ impl Controller {
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "error")
-            // As the figures before it were measured; without it mimalloc backs its arena
-            // with transparent huge pages (docs/benchmarks.md, the worker's memory).
-            .env("MIMALLOC_ALLOW_THP", "0")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -197,6 +212,16 @@ impl Controller {
 
     fn kib(&self, field: &str) -> Result<u64> {
         status_kib(self.child.id(), field)
+    }
+
+    /// What its resident set is now made of: the heap and stacks (anonymous) and the
+    /// mapped binary and libraries (file).
+    fn resident(&self) -> Result<String> {
+        Ok(format!(
+            "now RssAnon {:.1} MiB, RssFile {:.1} MiB",
+            mib(self.kib("RssAnon")?),
+            mib(self.kib("RssFile")?)
+        ))
     }
 
     /// Reconciles it counted, from its /metrics: `(successful, failed)`; zeros until it
@@ -242,8 +267,12 @@ impl Drop for Controller {
     }
 }
 
-async fn measure(sizes: &Sizes, broker: Option<&Proxy>) -> Result<()> {
+async fn measure(sizes: &Sizes, broker: Option<&(Proxy, &str)>) -> Result<()> {
     let pipelines = sizes.pipelines;
+    let (broker, address) = match broker {
+        Some((proxy, address)) => (Some(proxy), *address),
+        None => (None, ""),
+    };
     let fake = FakeApi::default();
     let server = fill(&fake, sizes, broker).await;
     let kubeconfig = std::env::temp_dir().join(format!("mailer-bench-{}.yaml", std::process::id()));
@@ -257,7 +286,7 @@ async fn measure(sizes: &Sizes, broker: Option<&Proxy>) -> Result<()> {
         ),
     )?;
     let against = match broker {
-        Some(_) => format!("the real RabbitMQ at {BROKER}, in {} vhosts", sizes.vhosts),
+        Some(_) => format!("the real RabbitMQ at {address}, in {} vhosts", sizes.vhosts),
         None => "a missing connection Secret".to_string(),
     };
     println!(
@@ -305,9 +334,11 @@ async fn measure(sizes: &Sizes, broker: Option<&Proxy>) -> Result<()> {
     );
     report("  first pass", taken(&fake), ok + failed, pipelines);
     println!(
-        "    controller memory: VmRSS peak {:.1} MiB, VmHWM {:.1} MiB",
+        "    controller memory: VmRSS peak {:.1} MiB, VmHWM {:.1} MiB (target {MEMORY_TARGET_MIB} MiB: {}); {}",
         mib(peak.max(first.kib("VmRSS")?)),
-        mib(first.kib("VmHWM")?)
+        mib(first.kib("VmHWM")?),
+        verdict(mib(first.kib("VmHWM")?) <= MEMORY_TARGET_MIB),
+        first.resident()?
     );
     drop(first);
 
@@ -345,11 +376,12 @@ async fn measure(sizes: &Sizes, broker: Option<&Proxy>) -> Result<()> {
     );
     let hwm = restarted.kib("VmHWM")?;
     println!(
-        "  controller memory after a restart: VmRSS {:.1} MiB during its first pass, {:.1} MiB after a resync; VmHWM {:.1} MiB (target {MEMORY_TARGET_MIB} MiB: {})",
+        "  controller memory after a restart: VmRSS {:.1} MiB during its first pass, {:.1} MiB after a resync; VmHWM {:.1} MiB (target {MEMORY_TARGET_MIB} MiB: {}); {}",
         mib(rss_restart),
         mib(restarted.kib("VmRSS")?),
         mib(hwm),
-        verdict(mib(hwm) <= MEMORY_TARGET_MIB)
+        verdict(mib(hwm) <= MEMORY_TARGET_MIB),
+        restarted.resident()?
     );
     drop(restarted);
     let _ = std::fs::remove_file(kubeconfig);
@@ -400,9 +432,9 @@ fn ready_count(fake: &FakeApi, pipelines: usize) -> usize {
 }
 
 /// Deletes the bench's vhosts and their owner markers.
-async fn remove_from_broker(vhosts: usize) {
+async fn remove_from_broker(address: &str, vhosts: usize) {
     let api = rabbitmq_http_client::api::Client::new(
-        format!("http://{BROKER}/api"),
+        format!("http://{address}/api"),
         "guest".to_string(),
         "guest".to_string(),
     );
