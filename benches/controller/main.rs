@@ -189,7 +189,12 @@ impl Controller {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let child = Command::new(env!("CARGO_BIN_EXE_mailer"))
+        // The image ships the binary stripped (the Dockerfile), so symbolizing a
+        // backtrace costs it far less than it costs this build's: measure that one with
+        // MAILER_BENCH_CONTROLLER_BIN=<a stripped copy>.
+        let binary = std::env::var_os("MAILER_BENCH_CONTROLLER_BIN")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_mailer").into());
+        let child = Command::new(binary)
             .args([
                 "controller",
                 "--leader-election",
@@ -327,11 +332,15 @@ async fn measure(sizes: &Sizes, broker: Option<&(Proxy, &str)>) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let (ok, failed) = first.reconciles().await;
-    let ready = ready_count(&fake, pipelines);
+    let unready = not_ready(&fake, pipelines);
     println!(
-        "  first pass: every pipeline has a status after {:.1}s ({ready} with TopologyReady=True)",
-        started.elapsed().as_secs_f64()
+        "  first pass: every pipeline has a status after {:.1}s ({} with TopologyReady=True)",
+        started.elapsed().as_secs_f64(),
+        pipelines - unready.len()
     );
+    for (name, why) in unready.iter().take(3) {
+        println!("    {name} is not ready: {why}");
+    }
     report("  first pass", taken(&fake), ok + failed, pipelines);
     println!(
         "    controller memory: VmRSS peak {:.1} MiB, VmHWM {:.1} MiB (target {MEMORY_TARGET_MIB} MiB: {}); {}",
@@ -416,19 +425,24 @@ fn report(what: &str, (kubernetes, management): Taken, reconciles: u64, pipeline
     }
 }
 
-fn ready_count(fake: &FakeApi, pipelines: usize) -> usize {
+/// The pipelines without TopologyReady=True: name, and that condition's reason and
+/// message (or why there is none).
+fn not_ready(fake: &FakeApi, pipelines: usize) -> Vec<(String, String)> {
     (0..pipelines)
-        .filter(|i| {
-            let path =
-                format!("/apis/mailer.dev/v1alpha1/namespaces/{NS}/mailerpipelines/shop-{i}");
-            fake.get(&path).is_some_and(|p| {
-                p["status"]["conditions"].as_array().is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c["type"] == "TopologyReady" && c["status"] == "True")
-                })
-            })
+        .filter_map(|i| {
+            let name = format!("shop-{i}");
+            let path = format!("/apis/mailer.dev/v1alpha1/namespaces/{NS}/mailerpipelines/{name}");
+            let pipeline = fake.get(&path)?;
+            let condition = pipeline["status"]["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == "TopologyReady"));
+            match condition {
+                Some(c) if c["status"] == "True" => None,
+                Some(c) => Some((name, format!("{}: {}", c["reason"], c["message"]))),
+                None => Some((name, "no TopologyReady condition".to_string())),
+            }
         })
-        .count()
+        .collect()
 }
 
 /// Deletes the bench's vhosts and their owner markers.
