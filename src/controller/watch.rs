@@ -23,24 +23,13 @@ use super::context::Context;
 use super::error::Error;
 use super::index::{Guarded, ReferenceIndex, Referenced};
 use super::meta::managed_by_selector;
-use super::owned::{Owned, OwnedStores, Packed};
+use super::owned::{Owned, OwnedStores};
 use super::reconcile::{error_policy, reconcile_guarded};
 use super::signalled;
 use crate::telemetry::Health;
 
 /// How often the heartbeat of `/livez` is given while controllers run.
 const HEARTBEAT: Duration = Duration::from_secs(10);
-
-/// How many Secrets one list request of their metadata watch returns. Their first
-/// list is only taken in to start watching from (none of it triggers a reconcile), and
-/// each page is held parsed at once: with 10,000 Secrets in the cluster, pages of 500
-/// (kube's default) left the residue of thousands of them in the heap.
-const METADATA_PAGE: u32 = 100;
-
-/// How many of the operator's Deployments or Secrets one list request of their watch
-/// returns: a page is held parsed at once while it is taken in (100 worker Deployments
-/// are about 1.5 MiB parsed; kube's default of 500 held five times that at start).
-const OWNED_PAGE: u32 = 100;
 
 /// Runs one controller per namespace (one for all when `namespaces` is empty) until
 /// `stop` or `abort` turns true. After `stop` no reconcile starts and those in flight
@@ -129,7 +118,7 @@ async fn controller_for(
         .watches_stream(
             after_first_list(watcher(
                 api::<PartialObjectMeta<Secret>>(client, namespace),
-                watcher::Config::default().page_size(METADATA_PAGE),
+                watcher::Config::default(),
             )),
             move |secret| {
                 by_secret.pipelines(&Referenced::Secret {
@@ -159,7 +148,7 @@ async fn controller_for(
 }
 
 /// The pipelines' watch as the controller's trigger: every event kept in `writer`'s store
-/// (without the pipelines' `managedFields`) and the index, and passed on only when a pipeline's generation or finalizers changed
+/// and the index, and passed on only when a pipeline's generation or finalizers changed
 /// (a new pipeline, a spec change, the finalizer added, deletion), not for a status
 /// write or another metadata change.
 pub fn pipeline_triggers(
@@ -169,13 +158,6 @@ pub fn pipeline_triggers(
 ) -> impl Stream<Item = Result<Guarded, watcher::Error>> + Send + 'static {
     watcher(api, watcher::Config::default())
         .default_backoff()
-        // Read by nothing, and kept for the life of each pipeline: with a real API
-        // server, a good part of each pipeline's size.
-        .modify(|pipeline: &mut Guarded| {
-            if let Ok(pipeline) = &mut pipeline.0 {
-                pipeline.metadata.managed_fields = None;
-            }
-        })
         .map_ok(move |event| {
             index.observe(&event);
             event
@@ -190,30 +172,23 @@ pub fn pipeline_triggers(
 
 /// The operator's own objects of kind `K` in the scope, whole but for their
 /// `managedFields`, kept in a cache; the stream of their changes (deletions included)
-/// triggers their pipelines' reconciles once the cache holds the change. Listed
-/// [`OWNED_PAGE`] at a time.
+/// triggers their pipelines' reconciles once the cache holds the change.
 fn owned_cache<K>(
     client: &Client,
     namespace: Option<&str>,
 ) -> (
-    Packed<K>,
+    Store<K>,
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
 )
 where
     K: Owned,
 {
-    let cache = Packed::default();
-    let writer = cache.clone();
-    let config = watcher::Config::default()
-        .labels(&managed_by_selector())
-        .page_size(OWNED_PAGE);
+    let (reader, writer) = reflector::store();
+    let config = watcher::Config::default().labels(&managed_by_selector());
     let events = watcher(api::<K>(client, namespace), config)
         .modify(|object| object.managed_fields_mut().clear())
-        .map_ok(move |event| {
-            writer.observe(&event);
-            event
-        });
-    (cache, after_first_list(events))
+        .reflect(writer);
+    (reader, after_first_list(events))
 }
 
 /// The objects a watch's events touch, to trigger the reconciles of the pipelines they

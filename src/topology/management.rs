@@ -185,9 +185,6 @@ impl Clients {
 /// alive, so one client serves every pipeline of a pass (share it by reference).
 pub struct Management {
     pub(super) api: Client<String, String, String>,
-    /// The HTTP client `api` uses (the same pool of connections), for the requests made
-    /// without it ([`snapshot`](Self::snapshot)).
-    pub(super) http: reqwest::Client,
     endpoint: ManagementEndpoint,
     reads: AtomicUsize,
     writes: AtomicUsize,
@@ -211,14 +208,13 @@ impl Management {
             .build()
             .map_err(|e| TopologyError::BadEndpoint(format!("cannot build an HTTP client: {e}")))?;
         let api = Client::from_http_client(
-            http.clone(),
+            http,
             endpoint.api.to_string(),
             endpoint.username.clone(),
             endpoint.password.clone(),
         );
         Ok(Self {
             api,
-            http,
             endpoint: endpoint.clone(),
             reads: AtomicUsize::new(0),
             writes: AtomicUsize::new(0),
@@ -241,18 +237,6 @@ impl Management {
 
     pub fn endpoint(&self) -> &ManagementEndpoint {
         &self.endpoint
-    }
-
-    /// `GET` of `path` below the API's base (segments already percent-encoded), with
-    /// this client's credentials.
-    pub(super) fn get(&self, path: &str) -> reqwest::RequestBuilder {
-        let url = format!(
-            "{}/{path}",
-            self.endpoint.api.as_str().trim_end_matches('/')
-        );
-        self.http
-            .get(url)
-            .basic_auth(&self.endpoint.username, Some(&self.endpoint.password))
     }
 
     /// How many writing requests this client has made, so callers (and tests) can tell
@@ -431,24 +415,21 @@ pub struct QueueDepth {
 }
 
 impl TopologyError {
-    /// The broker did not answer `error`'s request.
-    pub(super) fn unreachable(endpoint: &ManagementEndpoint, error: &reqwest::Error) -> Self {
-        let reason = if error.is_timeout() {
-            "it did not answer in time".to_string()
-        } else if error.is_connect() {
-            "the connection was refused or failed".to_string()
-        } else {
-            error.to_string()
-        };
-        TopologyError::Unreachable {
-            endpoint: endpoint.to_string(),
-            reason,
-        }
-    }
-
     fn from_http(endpoint: &ManagementEndpoint, action: &str, e: HttpClientError) -> Self {
         match e {
-            HttpClientError::RequestError { error, .. } => Self::unreachable(endpoint, &error),
+            HttpClientError::RequestError { error, .. } => {
+                let reason = if error.is_timeout() {
+                    "it did not answer in time".to_string()
+                } else if error.is_connect() {
+                    "the connection was refused or failed".to_string()
+                } else {
+                    error.to_string()
+                };
+                TopologyError::Unreachable {
+                    endpoint: endpoint.to_string(),
+                    reason,
+                }
+            }
             HttpClientError::ClientErrorResponse { status_code, .. }
                 if status_code.as_u16() == 401 =>
             {
