@@ -224,14 +224,19 @@ mod tests {
         );
     }
 
-    #[test]
-    fn after_a_pause_one_send_tries_while_the_others_keep_failing_fast() {
+    /// A breaker paused by refused connects, and the instant its first pause is over.
+    fn paused() -> (ConnectBreaker, Instant) {
         let breaker = ConnectBreaker::default();
         let start = Instant::now();
         for _ in 0..FAILURES_BEFORE_PAUSE {
             breaker.failed(start, &refused());
         }
-        let over = start + FIRST_PAUSE;
+        (breaker, start + FIRST_PAUSE)
+    }
+
+    #[test]
+    fn after_a_pause_one_send_tries_while_the_others_keep_failing_fast() {
+        let (breaker, over) = paused();
         assert_eq!(breaker.gate(over), Gate::Connect, "the probe");
         fail_fast(breaker.gate(over));
         fail_fast(breaker.gate(over + Duration::from_millis(500)));
@@ -252,12 +257,7 @@ mod tests {
 
     #[test]
     fn a_probe_that_never_reports_only_delays_the_next_one() {
-        let breaker = ConnectBreaker::default();
-        let start = Instant::now();
-        for _ in 0..FAILURES_BEFORE_PAUSE {
-            breaker.failed(start, &refused());
-        }
-        let over = start + FIRST_PAUSE;
+        let (breaker, over) = paused();
         assert_eq!(breaker.gate(over), Gate::Connect);
         // That send was dropped before its connect ended: no failed() or connected().
         assert_eq!(breaker.gate(over + FIRST_PAUSE), Gate::Connect);
