@@ -56,12 +56,16 @@ crd:
 # BENCH_BROKER=3.10 for the host's broker, but the controller's 1,000 pipelines can wedge
 # 3.10 when their vhosts are deleted). The SMTP sink is Postfix's smtp-sink when it is at
 # SMTP_SINK (see docs/benchmarks.md: aiosmtpd cannot take 1,000 mails/s here), else aiosmtpd.
+# The controller runs stripped, as the image ships it (the Dockerfile strips its symbols).
 BENCH_BROKER ?= 4.0
 SMTP_SINK ?= $(wildcard /opt/postfix/usr/sbin/smtp-sink)
 bench:
 	MAILER_BENCH_BROKER=$(BENCH_BROKER) MAILER_BENCH_SMTP_SINK=$(SMTP_SINK) cargo bench --bench worker
 	MAILER_BENCH_BROKER=$(BENCH_BROKER) cargo bench --bench topology
-	MAILER_BENCH_BROKER=$(BENCH_BROKER) cargo bench --bench controller
+	cargo build --release --locked --bin mailer
+	strip --strip-all -o target/release/mailer-stripped target/release/mailer
+	MAILER_BENCH_BROKER=$(BENCH_BROKER) MAILER_BENCH_CONTROLLER_BIN=target/release/mailer-stripped \
+	  cargo bench --bench controller
 
 # The release image, through the Dockerfile's runtime stage, from the binary `cargo build
 # --release` made, on a base assembled from this machine's Debian packages; left in

@@ -3,7 +3,9 @@
 //!
 //! Each controller watches them whole, selected by the operator's label (so only its own
 //! Secrets, never another Secret's data, are held), with their `managedFields` dropped,
-//! and the same watch triggers the reconciles of their pipelines: a change is in the
+//! and keeps each as its JSON text ([`Packed`]): a Deployment parsed takes about five
+//! times the memory of its JSON, and a reconcile reads one object of a thousand. The
+//! same watch triggers the reconciles of their pipelines: a change is in the
 //! cache before the reconcile it causes starts. A reconcile reads an object from a cache
 //! that has synced (a reconcile that starts before waits up to [`SYNC_WAIT`] for it);
 //! one not there (a new pipeline, an object of that name the operator did not make, a
@@ -15,8 +17,10 @@
 //! `resourceVersion` each write returned is kept, and a cached object of another version
 //! (the cache not caught up yet, or someone changed it since) is read from the API server.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Debug;
+use std::marker::PhantomData;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -24,9 +28,12 @@ use futures::FutureExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::error::Error;
@@ -38,8 +45,8 @@ pub const SYNC_WAIT: Duration = Duration::from_secs(10);
 /// The caches of one controller (one watched namespace, or all).
 #[derive(Clone)]
 pub struct OwnedStores {
-    pub deployments: Store<Deployment>,
-    pub secrets: Store<Secret>,
+    pub deployments: Store<Packed<Deployment>>,
+    pub secrets: Store<Packed<Secret>>,
 }
 
 /// Every controller's caches of owned objects.
@@ -56,25 +63,26 @@ pub trait Owned:
     Resource<DynamicType = (), Scope = NamespaceResourceScope>
     + Clone
     + DeserializeOwned
+    + Serialize
     + Debug
     + Send
     + Sync
     + 'static
 {
     const KIND: &'static str;
-    fn store(stores: &OwnedStores) -> &Store<Self>;
+    fn store(stores: &OwnedStores) -> &Store<Packed<Self>>;
 }
 
 impl Owned for Deployment {
     const KIND: &'static str = "Deployment";
-    fn store(stores: &OwnedStores) -> &Store<Self> {
+    fn store(stores: &OwnedStores) -> &Store<Packed<Self>> {
         &stores.deployments
     }
 }
 
 impl Owned for Secret {
     const KIND: &'static str = "Secret";
-    fn store(stores: &OwnedStores) -> &Store<Self> {
+    fn store(stores: &OwnedStores) -> &Store<Packed<Self>> {
         &stores.secrets
     }
 }
@@ -110,19 +118,25 @@ impl OwnedCaches {
         let key = (K::KIND, namespace.to_string(), name.to_string());
         let current = lock(&self.written)
             .get(&key)
-            .is_none_or(|version| found.resource_version().as_ref() == Some(version));
-        current.then_some(found)
+            .is_none_or(|version| found.meta.resource_version.as_ref() == Some(version));
+        if !current {
+            return None;
+        }
+        // A cached object that does not parse back (it cannot: it was serialized from
+        // the type) is read from the API server instead.
+        found.unpack()
     }
 
-    fn in_stores<K: Owned>(&self, namespace: &str, name: &str) -> Option<K> {
-        let key = ObjectRef::<K>::new(name).within(namespace);
+    fn in_stores<K: Owned>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<std::sync::Arc<Packed<K>>> {
+        let key = ObjectRef::<Packed<K>>::new(name).within(namespace);
         lock(&self.scopes).iter().find_map(|stores| {
             let store = K::store(stores);
             let synced = matches!(store.wait_until_ready().now_or_never(), Some(Ok(())));
-            synced
-                .then(|| store.get(&key))
-                .flatten()
-                .map(|found| found.as_ref().clone())
+            synced.then(|| store.get(&key)).flatten()
         })
     }
 
@@ -133,7 +147,7 @@ impl OwnedCaches {
         namespace: &str,
         name: &str,
     ) -> Result<Option<K>, Error> {
-        let stores: Vec<Store<K>> = lock(&self.scopes)
+        let stores: Vec<Store<Packed<K>>> = lock(&self.scopes)
             .iter()
             .map(|stores| K::store(stores).clone())
             .collect();
@@ -149,8 +163,168 @@ impl OwnedCaches {
     }
 }
 
+/// An owned object as its cache keeps it: the metadata that the cache and the
+/// controller's owner mapping read, and the whole object (but its `managedFields`) as
+/// JSON, parsed again only when a reconcile reads it.
+pub struct Packed<K> {
+    meta: ObjectMeta,
+    json: Box<str>,
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<K: Owned> Packed<K> {
+    /// `object` without its `managedFields`, packed. Serializing an object just parsed
+    /// from the API server does not fail; if it did, the empty text would not
+    /// [`unpack`](Self::unpack), and the reconcile would read the object from the API
+    /// server.
+    pub fn pack(mut object: K) -> Self {
+        object.managed_fields_mut().clear();
+        let json = serde_json::to_string(&object)
+            .unwrap_or_default()
+            .into_boxed_str();
+        Self {
+            meta: std::mem::take(object.meta_mut()),
+            json,
+            kind: PhantomData,
+        }
+    }
+
+    pub fn unpack(&self) -> Option<K> {
+        serde_json::from_str(&self.json).ok()
+    }
+
+    /// A watch's event of whole objects as one of packed objects.
+    pub fn pack_event(event: watcher::Event<K>) -> watcher::Event<Self> {
+        use watcher::Event;
+        match event {
+            Event::Apply(object) => Event::Apply(Self::pack(object)),
+            Event::Delete(object) => Event::Delete(Self::pack(object)),
+            Event::InitApply(object) => Event::InitApply(Self::pack(object)),
+            Event::Init => Event::Init,
+            Event::InitDone => Event::InitDone,
+        }
+    }
+}
+
+impl<K> Clone for Packed<K> {
+    fn clone(&self) -> Self {
+        Self {
+            meta: self.meta.clone(),
+            json: self.json.clone(),
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<K> Debug for Packed<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Packed")
+            .field("name", &self.meta.name)
+            .field("namespace", &self.meta.namespace)
+            .field("bytes", &self.json.len())
+            .finish()
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Resource for Packed<K> {
+    type DynamicType = ();
+    type Scope = K::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        K::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        K::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        K::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        K::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.meta
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.meta
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn deployment() -> Deployment {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "shop-worker", "namespace": "mail", "resourceVersion": "42",
+                "ownerReferences": [{"apiVersion": "mailer.dev/v1alpha1", "kind": "MailerPipeline",
+                                     "name": "shop", "uid": "u-1", "controller": true}],
+                "managedFields": [{"manager": "mailer", "operation": "Apply"}]
+            },
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "shop"}},
+                     "template": {"spec": {"containers": [{"name": "worker", "image": "mailer"}]}}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_packed_object_unpacks_whole_but_for_its_managed_fields() {
+        let packed = Packed::pack(deployment());
+        let expected = deployment();
+        let unpacked = packed.unpack().expect("unpacks");
+        assert_eq!(unpacked.spec, expected.spec);
+        assert!(unpacked.managed_fields().is_empty());
+        assert_eq!(
+            unpacked.metadata.owner_references,
+            expected.metadata.owner_references
+        );
+    }
+
+    #[test]
+    fn a_packed_object_keeps_what_the_cache_and_the_owner_mapping_read() {
+        let packed = Packed::pack(deployment());
+        assert_eq!(packed.name_any(), "shop-worker");
+        assert_eq!(packed.namespace().as_deref(), Some("mail"));
+        assert_eq!(packed.resource_version().as_deref(), Some("42"));
+        let owner: &OwnerReference = &packed.owner_references()[0];
+        assert_eq!((owner.name.as_str(), owner.uid.as_str()), ("shop", "u-1"));
+        assert_eq!(Packed::<Deployment>::kind(&()), "Deployment");
+        assert_eq!(Packed::<Deployment>::api_version(&()), "apps/v1");
+        assert!(packed.managed_fields().is_empty());
+    }
+
+    #[test]
+    fn every_watch_event_is_packed_as_itself() {
+        use watcher::Event;
+        let name = |event: &Event<Packed<Deployment>>| match event {
+            Event::Apply(p) | Event::Delete(p) | Event::InitApply(p) => Some(p.name_any()),
+            Event::Init | Event::InitDone => None,
+        };
+        let shop = Some("shop-worker".to_string());
+        assert!(
+            matches!(Packed::pack_event(Event::Apply(deployment())), e @ Event::Apply(_) if name(&e) == shop)
+        );
+        assert!(
+            matches!(Packed::pack_event(Event::Delete(deployment())), e @ Event::Delete(_) if name(&e) == shop)
+        );
+        assert!(
+            matches!(Packed::pack_event(Event::InitApply(deployment())), e @ Event::InitApply(_) if name(&e) == shop)
+        );
+        assert!(matches!(
+            Packed::<Deployment>::pack_event(Event::Init),
+            Event::Init
+        ));
+        assert!(matches!(
+            Packed::<Deployment>::pack_event(Event::InitDone),
+            Event::InitDone
+        ));
+    }
 }

@@ -23,10 +23,15 @@ use super::context::Context;
 use super::error::Error;
 use super::index::{Guarded, ReferenceIndex, Referenced};
 use super::meta::managed_by_selector;
-use super::owned::{Owned, OwnedStores};
+use super::owned::{Owned, OwnedStores, Packed};
 use super::reconcile::{error_policy, reconcile_guarded};
 use super::signalled;
 use crate::telemetry::Health;
+
+/// How many of its own Deployments or Secrets the operator lists at once when a watch
+/// starts: a page is parsed whole before it is packed, and a Deployment parsed takes
+/// about 15 KiB.
+const OWNED_PAGE: u32 = 100;
 
 /// How often the heartbeat of `/livez` is given while controllers run.
 const HEARTBEAT: Duration = Duration::from_secs(10);
@@ -148,7 +153,8 @@ async fn controller_for(
 }
 
 /// The pipelines' watch as the controller's trigger: every event kept in `writer`'s store
-/// and the index, and passed on only when a pipeline's generation or finalizers changed
+/// (without its `managedFields`, which no reconcile reads and which a pipeline written by
+/// several tools makes several times its own size) and the index, and passed on only when a pipeline's generation or finalizers changed
 /// (a new pipeline, a spec change, the finalizer added, deletion), not for a status
 /// write or another metadata change.
 pub fn pipeline_triggers(
@@ -162,6 +168,7 @@ pub fn pipeline_triggers(
             index.observe(&event);
             event
         })
+        .modify(|pipeline| pipeline.managed_fields_mut().clear())
         .reflect(writer)
         .applied_objects()
         .predicate_filter(
@@ -171,22 +178,25 @@ pub fn pipeline_triggers(
 }
 
 /// The operator's own objects of kind `K` in the scope, whole but for their
-/// `managedFields`, kept in a cache; the stream of their changes (deletions included)
-/// triggers their pipelines' reconciles once the cache holds the change.
+/// `managedFields`, kept [`Packed`] in a cache; the stream of their changes (deletions
+/// included) triggers their pipelines' reconciles once the cache holds the change. They
+/// are listed [`OWNED_PAGE`] at a time.
 fn owned_cache<K>(
     client: &Client,
     namespace: Option<&str>,
 ) -> (
-    Store<K>,
-    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    Store<Packed<K>>,
+    impl Stream<Item = Result<Packed<K>, watcher::Error>> + Send + 'static,
 )
 where
     K: Owned,
 {
     let (reader, writer) = reflector::store();
-    let config = watcher::Config::default().labels(&managed_by_selector());
+    let config = watcher::Config::default()
+        .labels(&managed_by_selector())
+        .page_size(OWNED_PAGE);
     let events = watcher(api::<K>(client, namespace), config)
-        .modify(|object| object.managed_fields_mut().clear())
+        .map_ok(Packed::pack_event)
         .reflect(writer);
     (reader, after_first_list(events))
 }

@@ -185,6 +185,8 @@ impl Clients {
 /// alive, so one client serves every pipeline of a pass (share it by reference).
 pub struct Management {
     pub(super) api: Client<String, String, String>,
+    /// The same pooled connections as `api`, for [`get_json_unless_refused`](Self::get_json_unless_refused).
+    http: reqwest::Client,
     endpoint: ManagementEndpoint,
     reads: AtomicUsize,
     writes: AtomicUsize,
@@ -208,13 +210,14 @@ impl Management {
             .build()
             .map_err(|e| TopologyError::BadEndpoint(format!("cannot build an HTTP client: {e}")))?;
         let api = Client::from_http_client(
-            http,
+            http.clone(),
             endpoint.api.to_string(),
             endpoint.username.clone(),
             endpoint.password.clone(),
         );
         Ok(Self {
             api,
+            http,
             endpoint: endpoint.clone(),
             reads: AtomicUsize::new(0),
             writes: AtomicUsize::new(0),
@@ -270,6 +273,55 @@ impl Management {
         let _permit = self.in_flight.acquire().await.ok();
         self.count_write();
         request.await
+    }
+
+    /// GETs the JSON at `segments` below the API (each one percent-encoded), or `None` when
+    /// the broker answers 400, 401, 403 or 404. It bypasses `rabbitmq_http_client`, which
+    /// captures and symbolizes a backtrace for every error response but a 404: that maps
+    /// the binary's symbols again and keeps them, tens of MiB for an answer that some
+    /// reads get in normal operation (RabbitMQ 4 answers 400 for the definitions of a
+    /// vhost that does not exist yet). Counted and bounded as [`read`](Self::read).
+    pub(super) async fn get_json_unless_refused<T: serde::de::DeserializeOwned>(
+        &self,
+        segments: &[&str],
+        action: &str,
+    ) -> Result<Option<T>, TopologyError> {
+        let mut url = self.endpoint.api.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.extend(segments);
+        }
+        let response = self
+            .read(
+                self.http
+                    .get(url)
+                    .basic_auth(&self.endpoint.username, Some(&self.endpoint.password))
+                    .send(),
+            )
+            .await
+            .map_err(|e| TopologyError::unreachable(&self.endpoint, &e))?;
+        let status = response.status().as_u16();
+        if matches!(status, 400 | 401 | 403 | 404) {
+            return Ok(None);
+        }
+        if !response.status().is_success() {
+            let reason = response.text().await.unwrap_or_default();
+            return Err(TopologyError::Refused {
+                action: action.to_string(),
+                status,
+                reason: crate::text::truncate(&reason, 200).into_owned(),
+            });
+        }
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| TopologyError::unreachable(&self.endpoint, &e))?;
+        serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(|e| TopologyError::Refused {
+                action: action.to_string(),
+                status,
+                reason: format!("its answer is not what RabbitMQ's management API sends: {e}"),
+            })
     }
 
     pub(super) fn error(&self, action: &str, e: HttpClientError) -> TopologyError {
@@ -415,21 +467,24 @@ pub struct QueueDepth {
 }
 
 impl TopologyError {
+    /// A request that got no answer.
+    fn unreachable(endpoint: &ManagementEndpoint, error: &reqwest::Error) -> Self {
+        let reason = if error.is_timeout() {
+            "it did not answer in time".to_string()
+        } else if error.is_connect() {
+            "the connection was refused or failed".to_string()
+        } else {
+            error.to_string()
+        };
+        TopologyError::Unreachable {
+            endpoint: endpoint.to_string(),
+            reason,
+        }
+    }
+
     fn from_http(endpoint: &ManagementEndpoint, action: &str, e: HttpClientError) -> Self {
         match e {
-            HttpClientError::RequestError { error, .. } => {
-                let reason = if error.is_timeout() {
-                    "it did not answer in time".to_string()
-                } else if error.is_connect() {
-                    "the connection was refused or failed".to_string()
-                } else {
-                    error.to_string()
-                };
-                TopologyError::Unreachable {
-                    endpoint: endpoint.to_string(),
-                    reason,
-                }
-            }
+            HttpClientError::RequestError { error, .. } => Self::unreachable(endpoint, &error),
             HttpClientError::ClientErrorResponse { status_code, .. }
                 if status_code.as_u16() == 401 =>
             {

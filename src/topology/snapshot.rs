@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rabbitmq_http_client::responses::{
     BindingDefinitionWithoutVirtualHost, ExchangeDefinitionWithoutVirtualHost,
-    PolicyWithoutVirtualHost, QueueDefinitionWithoutVirtualHost,
+    PolicyWithoutVirtualHost, QueueDefinitionWithoutVirtualHost, VirtualHostDefinitionSet,
 };
 
 use super::TopologyError;
@@ -112,22 +112,12 @@ impl Management {
     /// The definitions of `vhost`, or `None` when this user may not read them (they need
     /// the administrator tag) or the vhost went away: then read by name instead.
     pub async fn snapshot(&self, vhost: &str) -> Result<Option<Snapshot>, TopologyError> {
-        let set = match self
-            .read(self.api.export_vhost_definitions_as_data(vhost))
-            .await
-        {
-            Ok(set) => set,
-            Err(e)
-                if matches!(
-                    e.status_code().map(|s| s.as_u16()),
-                    Some(400 | 401 | 403 | 404)
-                ) =>
-            {
-                return Ok(None);
-            }
-            Err(e) => {
-                return Err(self.error(&format!("read the definitions of vhost {vhost:?}"), e));
-            }
+        let action = format!("read the definitions of vhost {vhost:?}");
+        let Some(set) = self
+            .get_json_unless_refused::<VirtualHostDefinitionSet>(&["definitions", vhost], &action)
+            .await?
+        else {
+            return Ok(None);
         };
         let mut snapshot = Snapshot::default();
         for e in set.exchanges {

@@ -10,7 +10,7 @@ use mailer::topology::{
     self, AmqpDeclarer, DEFINITIONS_FROM, MAX_IN_FLIGHT, READS_PER_PIPELINE, TopologyError,
 };
 
-use mailer::topology::import::POLICY_IMPORT_FROM;
+use mailer::topology::import::{POLICY_IMPORT_FROM, POLICY_IMPORT_PART};
 
 use crate::many::{self, OBJECTS_PER_PIPELINE};
 use crate::proxy::{Proxy, Recorded};
@@ -277,9 +277,10 @@ async fn the_cli_applies_a_file_of_many_pipelines_in_one_pass() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declared_over_amqp_a_first_apply_makes_the_same_objects_and_only_policies_go_over_http() {
     let vhost = TestVhost::fresh("scale-amqp");
-    // 30 policies: imported in one request.
-    let pipelines = 10;
-    assert!(pipelines * 3 >= POLICY_IMPORT_FROM);
+    // 270 policies: imported in two requests, a full part and the rest.
+    let pipelines: usize = 90;
+    let imports = (pipelines * 3).div_ceil(POLICY_IMPORT_PART);
+    assert!(pipelines * 3 >= POLICY_IMPORT_FROM && imports == 2);
     let all = many::topologies(&vhost.name, 0..pipelines, TestBroker::get().capabilities());
     let proxy = Proxy::start(&management_host(), Duration::ZERO).await;
 
@@ -315,8 +316,8 @@ async fn declared_over_amqp_a_first_apply_makes_the_same_objects_and_only_polici
     );
     assert_eq!(
         m.writes(),
-        1 + pipelines * 9,
-        "one import, 9 declares a pipeline"
+        imports + pipelines * 9,
+        "two imports, 9 declares a pipeline"
     );
     let http_writes: Vec<String> = proxy
         .take()
@@ -325,9 +326,8 @@ async fn declared_over_amqp_a_first_apply_makes_the_same_objects_and_only_polici
         .map(|r| format!("{} {}", r.method, r.kind()))
         .collect();
     assert_eq!(
-        http_writes,
-        ["POST definitions"],
-        "the policies in one import; exchanges, queues and bindings over AMQP"
+        http_writes, ["POST definitions"; 2],
+        "the policies in two imports; exchanges, queues and bindings over AMQP"
     );
 
     // The management API finds every object as the pipeline wants it (quorum queues,
