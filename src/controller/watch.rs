@@ -81,9 +81,14 @@ pub async fn run_controllers(
     tokio::pin!(synced);
     let mut is_synced = false;
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    let mut aborted = abort;
     loop {
         tokio::select! {
             _ = &mut all => break,
+            // kube's controller, stopped before its cache of pipelines is ready, never
+            // ends: its runner waits for that cache, which its stopped watch no longer
+            // fills. An abort (the drain timed out, or the Lease is lost) drops it.
+            () = signalled(&mut aborted) => break,
             _ = &mut synced, if !is_synced => {
                 is_synced = true;
                 health.set_ready(true);

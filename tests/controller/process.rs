@@ -66,7 +66,11 @@ fn start(identity: &str, kubeconfig: &std::path::Path, args: &[&str]) -> (Runnin
         .args(args)
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
         .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "error")
+        // MAILER_TEST_CONTROLLER_LOG=mailer=debug,kube_runtime=debug shows how one ran.
+        .env(
+            "RUST_LOG",
+            std::env::var("MAILER_TEST_CONTROLLER_LOG").unwrap_or("error".into()),
+        )
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -195,6 +199,28 @@ async fn without_an_election_the_controller_runs_and_stops_cleanly() {
         h.fake.get(LEASE_PATH).is_none(),
         "no Lease without an election"
     );
+    let _ = std::fs::remove_file(config);
+}
+
+/// SIGTERM before the first list of pipelines came back: kube's controller, stopped
+/// while its runner waits for that cache, never ends by itself; the drain's abort ends
+/// it, and the process exits cleanly.
+#[tokio::test]
+async fn sigterm_before_the_caches_are_ready_still_exits() {
+    mailer::install_crypto_provider();
+    let h = harness();
+    let pipelines = format!("/apis/mailer.dev/v1alpha1/namespaces/{NS}/mailerpipelines");
+    h.fake.stall(&pipelines);
+    let config = kubeconfig(&h.fake.serve().await, "solo");
+    let (mut controller, _) = start("solo", &config, &["--leader-election", "false"]);
+    eventually(30, "the list of pipelines to be under way", || async {
+        let requests = h.fake.take_requests();
+        requests.iter().any(|r| r.path == pipelines).then_some(())
+    })
+    .await;
+    let exit = terminate(&mut controller).await;
+    assert!(exit.success(), "{exit}");
+    h.fake.release_stalls();
     let _ = std::fs::remove_file(config);
 }
 
