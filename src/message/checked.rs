@@ -102,6 +102,7 @@ impl Mail {
         // The request's bytes are not needed any more: let them go before the message
         // is formatted, so that this clone of them does not keep them alive meanwhile.
         drop(self.request);
+        let (text, html) = (text.map(crlf_line_endings), html.map(crlf_line_endings));
         let built = match (text, html) {
             (Some(text), Some(html)) => {
                 builder.multipart(MultiPart::alternative_plain_html(text, html))
@@ -126,5 +127,62 @@ impl fmt::Debug for Mail {
             .field("from", &self.envelope.from().map(ToString::to_string))
             .field("recipients", &self.envelope.to().len())
             .finish()
+    }
+}
+
+/// `text` with a CR before every LF that lacks one, as a MIME body's lines end. lettre
+/// does the same to a body it is given, but by inserting each CR in place, which moves
+/// the rest of the text every time: a 10 MiB body of short lines took it 12 s of CPU.
+/// Done here in one pass, lettre finds nothing left to insert.
+fn crlf_line_endings(text: String) -> String {
+    let bare = text
+        .bytes()
+        .scan(0u8, |previous, b| {
+            let lone = b == b'\n' && *previous != b'\r';
+            *previous = b;
+            Some(lone)
+        })
+        .filter(|&lone| lone)
+        .count();
+    if bare == 0 {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + bare);
+    let mut previous = '\0';
+    for c in text.chars() {
+        if c == '\n' && previous != '\r' {
+            out.push('\r');
+        }
+        out.push(c);
+        previous = c;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::crlf_line_endings;
+
+    #[test]
+    fn every_line_ends_with_crlf_once() {
+        for (text, expected) in [
+            ("", ""),
+            ("one line", "one line"),
+            ("a\nb\n", "a\r\nb\r\n"),
+            ("\n\nx", "\r\n\r\nx"),
+            ("a\r\nb\nc\r\n", "a\r\nb\r\nc\r\n"),
+            ("a lone \r stays\n", "a lone \r stays\r\n"),
+            ("\r\r\n", "\r\r\n"),
+            ("é\nü\n", "é\r\nü\r\n"),
+        ] {
+            assert_eq!(crlf_line_endings(text.to_string()), expected, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn text_already_in_crlf_is_kept_as_it_is() {
+        let text = "a\r\nb\r\n".to_string();
+        let pointer = text.as_ptr();
+        assert_eq!(crlf_line_endings(text).as_ptr(), pointer);
     }
 }
