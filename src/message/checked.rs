@@ -164,8 +164,7 @@ fn crlf_line_endings(text: String) -> String {
         }
     }
     // Only ASCII CRs were added before ASCII LFs, so the text is still UTF-8.
-    String::from_utf8(bytes)
-        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 #[cfg(test)]
