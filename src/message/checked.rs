@@ -191,6 +191,7 @@ mod tests {
     fn text_already_in_crlf_is_kept_as_it_is() {
         let text = "a\r\nb\r\n".to_string();
         let pointer = text.as_ptr();
-        assert_eq!(crlf_line_endings(text).as_ptr(), pointer);
+        let kept = crlf_line_endings(text);
+        assert_eq!(kept.as_ptr(), pointer);
     }
 }
