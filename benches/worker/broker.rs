@@ -19,7 +19,7 @@ use mailer::topology::{self, Management, ManagementEndpoint, Topology};
 
 /// The broker's AMQP and management ports: `MAILER_BENCH_BROKER` is `3.10` (5672 and
 /// 15672, the default) or `4.0` (5673 and 15673, `.ci/rabbitmq4.sh start`).
-fn ports() -> (u16, u16) {
+pub fn ports() -> (u16, u16) {
     match std::env::var("MAILER_BENCH_BROKER").as_deref() {
         Ok("4.0") => (5673, 15673),
         _ => (5672, 15672),

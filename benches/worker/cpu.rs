@@ -1,6 +1,7 @@
 //! CPU time used by this process (the worker or the bare loop, and the bench's light
 //! polling) and by the broker, from /proc, to tell where a run's time went.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Clock ticks per second of /proc's times (USER_HZ, 100 on Linux).
@@ -56,14 +57,54 @@ fn ticks(pid: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
-/// The RabbitMQ node's Erlang VM, if it runs on this machine.
+/// The Erlang VM of the RabbitMQ node the bench talks to (the one listening on its AMQP
+/// port), if it runs on this machine. Found once: with both brokers running, the first
+/// `beam.smp` in /proc may be the other node.
 fn broker_pid() -> Option<u32> {
+    static PID: OnceLock<Option<u32>> = OnceLock::new();
+    *PID.get_or_init(|| listening_pid(crate::broker::ports().0))
+}
+
+/// The `beam.smp` holding the socket that listens on `port`.
+fn listening_pid(port: u16) -> Option<u32> {
+    let sockets = listening_sockets(port);
+    if sockets.is_empty() {
+        return None;
+    }
     std::fs::read_dir("/proc").ok()?.find_map(|entry| {
         let entry = entry.ok()?;
         let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
         let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
-        (comm.trim() == "beam.smp").then_some(pid)
+        if comm.trim() != "beam.smp" {
+            return None;
+        }
+        let fds = std::fs::read_dir(entry.path().join("fd")).ok()?;
+        fds.filter_map(Result::ok)
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|target| sockets.contains(&target.to_string_lossy().into_owned()))
+            .then_some(pid)
     })
+}
+
+/// `socket:[inode]` of each socket listening on `port`, from /proc/net/tcp and tcp6.
+fn listening_sockets(port: u16) -> Vec<String> {
+    let port = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter_map(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    // local_address, st (0A: listening), inode.
+                    let (local, state, inode) = (fields.get(1)?, fields.get(3)?, fields.get(9)?);
+                    (local.ends_with(&port) && *state == "0A").then(|| format!("socket:[{inode}]"))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// Voluntary and involuntary context switches of every thread of this process.
