@@ -1,11 +1,13 @@
 //! `mailer worker` end to end: the real binary against the real RabbitMQ and a real SMTP
 //! server (aiosmtpd), one vhost per test. Every row of the outcome table, header
-//! carry-over, the unroutable park, SIGTERM and SIGKILL mid-stream.
+//! carry-over, the unroutable park, SIGTERM and SIGKILL mid-stream; many parks in flight on
+//! one channel, some unroutable.
 
 pub mod support;
 
 mod worker {
     pub mod identity;
+    pub mod pipelined;
 }
 
 use std::collections::BTreeSet;

@@ -2,7 +2,9 @@
 //! with confirms (`mailer worker`, `mailer send`, `mailer dead replay`).
 
 pub mod connect;
+pub mod pipelined;
 pub mod publish;
 
 pub use connect::{ConnectError, connect};
+pub use pipelined::PipelinedPublisher;
 pub use publish::{PublishError, publish_confirmed, republished};

@@ -50,9 +50,9 @@ pub enum PublishError {
 /// returns once the broker confirmed that a queue took it, or fails after `timeout`.
 ///
 /// lapin pairs a returned message with the next confirm of its channel, so a caller must
-/// have at most one publish in flight on `channel` (the worker keeps a channel per
-/// delivery in flight); a returned message that is not this one (another message id)
-/// is an error rather than a guess.
+/// have at most one publish in flight on `channel` (for many in flight on one channel, as
+/// the worker parks, see [`super::PipelinedPublisher`]); a returned message that is not
+/// this one (another message id) is an error rather than a guess.
 pub async fn publish_confirmed(
     channel: &Channel,
     exchange: &str,

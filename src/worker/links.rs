@@ -21,6 +21,9 @@ pub const CONNECT_ATTEMPTS: u32 = 5;
 /// The wait after the first failed attempt; it doubles after each.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(15);
+/// Publishing channels: one takes the publishes; the others take a request only while
+/// the same one (a duplicate) is in flight there.
+const PUBLISH_CHANNELS: usize = 2;
 
 /// What a connection's events say to the consume loop.
 #[derive(Debug)]
@@ -42,7 +45,8 @@ pub struct Links {
     pub consume_events: Events,
     pub publish_events: Events,
     pub consume: Channel,
-    /// One channel in confirm mode per delivery that may be in flight.
+    /// Channels in confirm mode: the first takes the publishes, the others one only while
+    /// the same request is in flight on it ([`crate::amqp::pipelined`]).
     pub publish: Vec<Channel>,
     pub consumer: Consumer,
 }
@@ -67,8 +71,8 @@ pub async fn open(plan: &Plan<'_>, health: &Health) -> Result<Links, WorkerError
         consume
             .basic_qos(plan.prefetch, BasicQosOptions::default())
             .await?;
-        let mut publish = Vec::with_capacity(plan.prefetch.into());
-        for _ in 0..plan.prefetch {
+        let mut publish = Vec::with_capacity(PUBLISH_CHANNELS);
+        for _ in 0..PUBLISH_CHANNELS {
             let channel = publish_connection.create_channel().await?;
             channel
                 .confirm_select(ConfirmSelectOptions::default())

@@ -1,18 +1,14 @@
 //! Parking a request in the retry exchange and dead-lettering it, through
-//! [`publish_confirmed`]: a publish counts only when the broker confirmed it and routed it
-//! somewhere within the publish timeout. Each publish has a channel of its own while it is
-//! in flight, so a returned message can only be its own.
+//! [`PipelinedPublisher`]: a publish counts only when the broker confirmed it and routed it
+//! somewhere within the publish timeout. Many publishes are in flight on one channel, each
+//! matched exactly to a returned message (see [`crate::amqp::pipelined`]).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-
-use tokio::sync::Mutex;
 
 use lapin::types::{AMQPValue, LongString};
 use lapin::{BasicProperties, Channel};
 
-use crate::amqp::{PublishError, publish_confirmed, republished};
+use crate::amqp::{PipelinedPublisher, PublishError, republished};
 use crate::mail::{
     ATTEMPT_HEADER, DEAD_AT_HEADER, DEAD_ATTEMPTS_HEADER, DEAD_ERROR_HEADER, DEAD_REASON_HEADER,
     DeadReason, MAX_DEAD_ERROR_CHARS,
@@ -22,9 +18,7 @@ use crate::text::truncate;
 /// Publishes the requests a worker parks or gives up on.
 #[derive(Clone)]
 pub struct Publisher {
-    /// Channels in confirm mode, one per delivery that may be in flight.
-    channels: Arc<[Mutex<Channel>]>,
-    next: Arc<AtomicUsize>,
+    publisher: PipelinedPublisher,
     /// The worker's own broker user; RabbitMQ refuses a publish whose user-id is another.
     user_id: String,
     routing_key: String,
@@ -34,8 +28,8 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    /// `channels` must be in confirm mode, and not empty: as many as deliveries may be in
-    /// flight, so that no publish waits for another.
+    /// `channels` must be in confirm mode, and not empty: the first takes the publishes,
+    /// the others one only while the same request is in flight on the first.
     pub fn new(
         channels: Vec<Channel>,
         user_id: &str,
@@ -45,8 +39,7 @@ impl Publisher {
         timeout: Duration,
     ) -> Self {
         Self {
-            channels: channels.into_iter().map(Mutex::new).collect(),
-            next: Arc::new(AtomicUsize::new(0)),
+            publisher: PipelinedPublisher::new(channels),
             user_id: user_id.to_string(),
             routing_key: routing_key.to_string(),
             retry_exchange: retry_exchange.to_string(),
@@ -110,29 +103,9 @@ impl Publisher {
         properties: BasicProperties,
         body: &[u8],
     ) -> Result<(), PublishError> {
-        let n = self.channels.len().max(1);
-        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        let free = (0..n).find_map(|i| self.channels.get((start + i) % n)?.try_lock().ok());
-        let channel = match free {
-            Some(channel) => channel,
-            None => match self.channels.get(start) {
-                Some(channel) => channel.lock().await,
-                None => {
-                    return Err(PublishError::NoChannel {
-                        exchange: exchange.to_string(),
-                    });
-                }
-            },
-        };
-        publish_confirmed(
-            &channel,
-            exchange,
-            &self.routing_key,
-            properties,
-            body,
-            self.timeout,
-        )
-        .await
+        self.publisher
+            .publish(exchange, &self.routing_key, properties, body, self.timeout)
+            .await
     }
 }
 
