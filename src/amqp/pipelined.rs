@@ -28,11 +28,11 @@ use std::time::Duration;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use lapin::Confirmation;
-use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Channel};
 use tokio::sync::Notify;
 
 use super::PublishError;
+use super::publish::{publish_mandatory, within};
 
 /// What identifies a publish among those in flight on a lane: where it went, its message
 /// id and its body (by length and hash; two bodies that collide only share no lane).
@@ -207,26 +207,9 @@ impl PipelinedPublisher {
         let key = Key::new(exchange, routing_key, published_id.as_deref(), body);
         let publishing = async {
             let slot = self.reserve(exchange, key).await?;
-            let failed = |source| PublishError::Channel {
-                exchange: exchange.to_string(),
-                source,
-            };
-            let options = BasicPublishOptions {
-                mandatory: true,
-                immediate: false,
-            };
-            let confirm = slot
-                .lane
-                .channel
-                .basic_publish(
-                    exchange.into(),
-                    routing_key.into(),
-                    options,
-                    body,
-                    properties,
-                )
-                .await
-                .map_err(failed)?;
+            let confirm =
+                publish_mandatory(&slot.lane.channel, exchange, routing_key, properties, body)
+                    .await?;
             let confirm = async move { Confirmed::of(confirm.await) }.boxed().shared();
             {
                 let mut state = slot.lane.lock();
@@ -244,12 +227,7 @@ impl PipelinedPublisher {
             self.outcome(&slot, horizon, exchange, published_id.as_deref())
                 .await
         };
-        tokio::time::timeout(timeout, publishing)
-            .await
-            .map_err(|_| PublishError::Timeout {
-                exchange: exchange.to_string(),
-                after: timeout,
-            })?
+        within(timeout, exchange, publishing).await
     }
 
     /// A place for `key` on the first lane where no publish with that key is in flight.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel};
+use lapin::{BasicProperties, Channel, PublisherConfirm};
 
 use crate::mail::{self, MAIL_HEADER_PREFIX, REPLAYS_HEADER};
 
@@ -63,32 +63,13 @@ pub async fn publish_confirmed(
 ) -> Result<(), PublishError> {
     let published_id = properties.message_id().as_ref().map(|id| id.to_string());
     let publishing = async {
-        let failed = |source| PublishError::Channel {
+        let confirm = publish_mandatory(channel, exchange, routing_key, properties, body).await?;
+        confirm.await.map_err(|source| PublishError::Channel {
             exchange: exchange.to_string(),
             source,
-        };
-        let options = BasicPublishOptions {
-            mandatory: true,
-            immediate: false,
-        };
-        let confirm = channel
-            .basic_publish(
-                exchange.into(),
-                routing_key.into(),
-                options,
-                body,
-                properties,
-            )
-            .await
-            .map_err(failed)?;
-        confirm.await.map_err(failed)
+        })
     };
-    let confirmation = tokio::time::timeout(timeout, publishing)
-        .await
-        .map_err(|_| PublishError::Timeout {
-            exchange: exchange.to_string(),
-            after: timeout,
-        })??;
+    let confirmation = within(timeout, exchange, publishing).await?;
     if !confirmation.is_ack() {
         return Err(PublishError::Nacked {
             exchange: exchange.to_string(),
@@ -114,6 +95,49 @@ pub async fn publish_confirmed(
         });
     }
     Ok(())
+}
+
+/// Hands one publish with the mandatory flag to lapin on `channel`; the caller awaits
+/// its confirm.
+pub(super) async fn publish_mandatory(
+    channel: &Channel,
+    exchange: &str,
+    routing_key: &str,
+    properties: BasicProperties,
+    body: &[u8],
+) -> Result<PublisherConfirm, PublishError> {
+    let options = BasicPublishOptions {
+        mandatory: true,
+        immediate: false,
+    };
+    channel
+        .basic_publish(
+            exchange.into(),
+            routing_key.into(),
+            options,
+            body,
+            properties,
+        )
+        .await
+        .map_err(|source| PublishError::Channel {
+            exchange: exchange.to_string(),
+            source,
+        })
+}
+
+/// `publishing`, or [`PublishError::Timeout`] when the broker has not confirmed it after
+/// `timeout`.
+pub(super) async fn within<T>(
+    timeout: Duration,
+    exchange: &str,
+    publishing: impl Future<Output = Result<T, PublishError>>,
+) -> Result<T, PublishError> {
+    tokio::time::timeout(timeout, publishing)
+        .await
+        .map_err(|_| PublishError::Timeout {
+            exchange: exchange.to_string(),
+            after: timeout,
+        })?
 }
 
 /// Whether a header is the broker's (dead-lettering, delivery counting) or ours, and so
