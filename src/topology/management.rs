@@ -290,36 +290,40 @@ impl Management {
         if let Ok(mut path) = url.path_segments_mut() {
             path.extend(segments);
         }
-        let response = self
-            .read(
-                self.http
+        // The body is read under the same permit as the request: its transfer is part of it.
+        let (status, body) = self
+            .read(async {
+                let response = self
+                    .http
                     .get(url)
                     .basic_auth(&self.endpoint.username, Some(&self.endpoint.password))
-                    .send(),
-            )
+                    .send()
+                    .await?;
+                let status = response.status();
+                Ok::<_, reqwest::Error>((status, response.bytes().await))
+            })
             .await
             .map_err(|e| TopologyError::unreachable(&self.endpoint, &e))?;
-        let status = response.status().as_u16();
-        if matches!(status, 400 | 401 | 403 | 404) {
+        let status_code = status.as_u16();
+        if matches!(status_code, 400 | 401 | 403 | 404) {
             return Ok(None);
         }
-        if !response.status().is_success() {
-            let reason = response.text().await.unwrap_or_default();
+        if !status.is_success() {
+            let reason = body
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default();
             return Err(TopologyError::Refused {
                 action: action.to_string(),
-                status,
+                status: status_code,
                 reason: crate::text::truncate(&reason, 200).into_owned(),
             });
         }
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| TopologyError::unreachable(&self.endpoint, &e))?;
+        let body = body.map_err(|e| TopologyError::unreachable(&self.endpoint, &e))?;
         serde_json::from_slice(&body)
             .map(Some)
             .map_err(|e| TopologyError::Refused {
                 action: action.to_string(),
-                status,
+                status: status_code,
                 reason: format!("its answer is not what RabbitMQ's management API sends: {e}"),
             })
     }
