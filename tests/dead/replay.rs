@@ -179,10 +179,15 @@ async fn replay_killed_mid_way_and_run_again_loses_nothing() {
     assert_eq!(lost, 0);
     assert_eq!(still_dead, 0);
     assert!(duplicates <= 1, "only the one in flight may be sent twice");
-    assert_eq!(
-        first_run + second_run,
-        N + duplicates,
-        "each replay printed is one copy"
+    // A replay prints a request once the broker has confirmed its copy and before it
+    // acks the dead letter. Killed after the print, the request is printed by both runs
+    // and sent twice; killed between the confirm and the print, it is sent twice and
+    // printed once. So every request is printed at least once, and no print is without
+    // its copy.
+    let printed = first_run + second_run;
+    assert!(
+        (N..=N + duplicates).contains(&printed),
+        "{printed} replays printed for {N} requests and {duplicates} duplicates"
     );
     assert_eq!(p.ready(SEND_QUEUE).await, 0);
 }
