@@ -17,6 +17,8 @@ use lettre::message::header::{HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart, SinglePart};
 
 use super::RequestError;
+use super::body_text;
+use super::rendered::{MimeBody, Rendered};
 use super::wire::Bodies;
 
 /// A mail that is ready to send: checked, not yet rendered (see [`Mail::render`]).
@@ -35,29 +37,6 @@ pub struct Mail {
     pub(super) message_id: String,
 }
 
-/// A rendered mail: its envelope and its RFC 5322 bytes, as a provider sends them.
-pub struct Rendered {
-    envelope: Envelope,
-    message: Vec<u8>,
-}
-
-impl Rendered {
-    /// The sender and every recipient of `to`, `cc` and `bcc`.
-    pub fn envelope(&self) -> &Envelope {
-        &self.envelope
-    }
-
-    /// The message, headers and body, as RFC 5322 bytes.
-    pub fn message(&self) -> &[u8] {
-        &self.message
-    }
-
-    /// The message's bytes, without a copy.
-    pub fn into_message(self) -> Vec<u8> {
-        self.message
-    }
-}
-
 impl Mail {
     /// The envelope: the sender and every recipient of `to`, `cc` and `bcc`.
     pub fn envelope(&self) -> &Envelope {
@@ -74,11 +53,7 @@ impl Mail {
     /// mail that [`super::read_request`] made (which checked everything lettre checks);
     /// an error here is a bug, reported as the request's fault.
     pub fn render(self) -> Result<Rendered, RequestError> {
-        let bodies: Bodies = serde_json::from_slice(&self.request)
-            .map_err(|e| RequestError::Build(format!("the bodies do not decode: {e}")))?;
-        // Empty counts as not given.
-        let text = bodies.text.filter(|t| !t.is_empty());
-        let html = bodies.html.filter(|h| !h.is_empty());
+        let (text, html) = self.bodies()?;
         let mut builder = Message::builder()
             .from(self.from)
             .subject(self.subject)
@@ -102,20 +77,26 @@ impl Mail {
         // The request's bytes are not needed any more: let them go before the message
         // is formatted, so that this clone of them does not keep them alive meanwhile.
         drop(self.request);
-        let (text, html) = (text.map(crlf_line_endings), html.map(crlf_line_endings));
-        let built = match (text, html) {
-            (Some(text), Some(html)) => {
-                builder.multipart(MultiPart::alternative_plain_html(text, html))
-            }
-            (Some(text), None) => builder.singlepart(SinglePart::plain(text)),
-            (None, Some(html)) => builder.singlepart(SinglePart::html(html)),
+        let body = match (text, html) {
+            (Some(text), Some(html)) => MimeBody::Alternative {
+                frame: MultiPart::alternative().build(),
+                text: SinglePart::plain(text),
+                html: SinglePart::html(html),
+            },
+            (Some(text), None) => MimeBody::Single(SinglePart::plain(text)),
+            (None, Some(html)) => MimeBody::Single(SinglePart::html(html)),
             (None, None) => return Err(RequestError::NoBody),
         };
-        let message = built.map_err(|e| RequestError::Build(e.to_string()))?;
-        Ok(Rendered {
-            envelope: self.envelope,
-            message: message.formatted(),
-        })
+        // The message's own headers, as lettre completes them (Date, MIME-Version),
+        // from a message with an empty part: the parts are laid out under them.
+        let headers_only = builder
+            .singlepart(SinglePart::plain(String::new()))
+            .map_err(|e| RequestError::Build(e.to_string()))?;
+        Ok(Rendered::lay_out(
+            self.envelope,
+            headers_only.headers(),
+            body,
+        ))
     }
 }
 
@@ -130,68 +111,20 @@ impl fmt::Debug for Mail {
     }
 }
 
-/// `text` with a CR before every LF that lacks one, as a MIME body's lines end. lettre
-/// does the same to a body it is given, but by inserting each CR in place, which moves
-/// the rest of the text every time: a 10 MiB body of short lines took it 12 s of CPU.
-/// Here it is one pass from the end, in the same buffer (a rendering is held once per
-/// connection, and may be 10 MiB), so lettre finds nothing left to insert.
-fn crlf_line_endings(text: String) -> String {
-    let mut previous = 0u8;
-    let bare = text
-        .bytes()
-        .filter(|&b| {
-            let lone = b == b'\n' && previous != b'\r';
-            previous = b;
-            lone
-        })
-        .count();
-    if bare == 0 {
-        return text;
-    }
-    let mut bytes = text.into_bytes();
-    let len = bytes.len();
-    bytes.resize(len + bare, 0);
-    // Each byte moves right by the CRs still to insert before it; those are never fewer
-    // than zero, so a byte is read before anything is written over it.
-    let mut write = bytes.len();
-    for read in (0..len).rev() {
-        let b = bytes[read];
-        write -= 1;
-        bytes[write] = b;
-        if b == b'\n' && (read == 0 || bytes[read - 1] != b'\r') {
-            write -= 1;
-            bytes[write] = b'\r';
-        }
-    }
-    // Only ASCII CRs were added before ASCII LFs, so the text is still UTF-8.
-    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::crlf_line_endings;
-
-    #[test]
-    fn every_line_ends_with_crlf_once() {
-        for (text, expected) in [
-            ("", ""),
-            ("one line", "one line"),
-            ("a\nb\n", "a\r\nb\r\n"),
-            ("\n\nx", "\r\n\r\nx"),
-            ("a\r\nb\nc\r\n", "a\r\nb\r\nc\r\n"),
-            ("a lone \r stays\n", "a lone \r stays\r\n"),
-            ("\r\r\n", "\r\r\n"),
-            ("é\nü\n", "é\r\nü\r\n"),
-        ] {
-            assert_eq!(crlf_line_endings(text.to_string()), expected, "{text:?}");
-        }
-    }
-
-    #[test]
-    fn text_already_in_crlf_is_kept_as_it_is() {
-        let text = "a\r\nb\r\n".to_string();
-        let pointer = text.as_ptr();
-        let kept = crlf_line_endings(text);
-        assert_eq!(kept.as_ptr(), pointer);
+impl Mail {
+    /// The text and HTML bodies, decoded from the request with CRLF line endings (so
+    /// lettre finds none to insert; see [`super::body_text`]); an empty one counts as not
+    /// given.
+    fn bodies(&self) -> Result<(Option<String>, Option<String>), RequestError> {
+        let bodies: Bodies = serde_json::from_slice(&self.request)
+            .map_err(|e| RequestError::Build(format!("the bodies do not decode: {e}")))?;
+        let decode = |literal: Option<&serde_json::value::RawValue>| {
+            literal
+                .map(|literal| body_text::decode_crlf(literal.get()))
+                .transpose()
+                .map(|body| body.filter(|b| !b.is_empty()))
+                .map_err(|e| RequestError::Build(format!("a body does not decode: {e}")))
+        };
+        Ok((decode(bodies.text)?, decode(bodies.html)?))
     }
 }

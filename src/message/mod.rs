@@ -18,13 +18,16 @@ use serde::{Deserialize, Serialize};
 use crate::mail;
 use crate::text::truncate;
 
+mod body_text;
 mod checked;
 pub mod id;
 pub mod publish;
+mod rendered;
 mod wire;
 
-pub use checked::{Mail, Rendered};
+pub use checked::Mail;
 pub use id::unique_id;
+pub use rendered::Rendered;
 
 /// A mail to send: the JSON body of a request published to the `mail` exchange with
 /// the routing key `mail.send`. The request's AMQP `message_id`, when set, becomes the
@@ -159,7 +162,8 @@ pub fn read_request(request: Bytes, message_id: Option<&str>) -> Result<Mail, Re
     single_line("subject", &wire.subject)?;
     let headers = extra_headers(wire.headers)?;
     let message_id = message_id_header(message_id, from.email.domain())?;
-    if !wire::BodyCheck::given(&wire.text) && !wire::BodyCheck::given(&wire.html) {
+    let text_given = body_given("text", wire.text)?;
+    if !body_given("html", wire.html)? && !text_given {
         return Err(RequestError::NoBody);
     }
     // As lettre makes it from the headers: the sender, then To, Cc and Bcc in order.
@@ -183,6 +187,20 @@ pub fn read_request(request: Bytes, message_id: Option<&str>) -> Result<Mail, Re
     })
 }
 
+/// Whether a body field gives a body: present, not null, a string that decodes, and not
+/// empty. Checked without decoding it (see [`body_text`]).
+fn body_given(
+    field: &str,
+    literal: Option<&serde_json::value::RawValue>,
+) -> Result<bool, RequestError> {
+    let Some(literal) = literal else {
+        return Ok(false);
+    };
+    match body_text::check(literal.get()) {
+        Ok(empty) => Ok(!empty),
+        Err(problem) => Err(RequestError::Json(format!("{field}: {problem}"))),
+    }
+}
 /// The JSON Schema of [`MailRequest`], as published in `schemas/mail-request.schema.json`.
 pub fn request_schema() -> serde_json::Value {
     schemars::schema_for!(MailRequest).to_value()

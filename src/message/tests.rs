@@ -35,7 +35,7 @@ fn error(request: &Value) -> String {
 
 fn formatted(mail: &Mail) -> String {
     let rendered = mail.clone().render().expect("a checked mail renders");
-    String::from_utf8(rendered.into_message()).expect("the mail is UTF-8")
+    String::from_utf8(rendered.to_vec()).expect("the mail is UTF-8")
 }
 
 #[test]
@@ -459,27 +459,22 @@ fn a_body_is_checked_when_read_and_decoded_again_when_rendered() {
     let shown = formatted(&mail);
     assert!(shown.contains("line \"one\"\r\n.two A"), "{shown}");
     for (field, value, problem) in [
-        (
-            "text",
-            json!(5),
-            "invalid type: integer `5`, expected a string",
-        ),
+        ("text", json!(5), "text: expected a string, found a number"),
         (
             "html",
             json!(["x"]),
-            "invalid type: sequence, expected a string",
+            "html: expected a string, found an array",
         ),
     ] {
         let message = error(&with(field, value));
         assert!(message.contains(problem), "{message}");
-        assert!(message.contains(" at line 1 column "), "{message}");
     }
     let lone = r#"{"from": "a@shop.example", "to": ["b@example.com"], "subject": "s", "text": "\ud800 alone"}"#;
     let message = parse_request(lone.as_bytes(), None)
         .expect_err("a lone surrogate does not decode")
         .to_string();
-    assert!(
-        message.starts_with("the request is not a mail request: "),
-        "{message}"
+    assert_eq!(
+        message,
+        "the request is not a mail request: text: a lone UTF-16 surrogate in a \\u escape"
     );
 }

@@ -49,7 +49,7 @@ impl FileProvider {
         let path = self.dir.join(file_name(mail.message_id()));
         let rendered = mail.render().map_err(|e| super::unrenderable(self, &e))?;
         let target = path.clone();
-        tokio::task::spawn_blocking(move || write_atomically(&target, rendered.message()))
+        tokio::task::spawn_blocking(move || write_atomically(&target, rendered.chunks(usize::MAX)))
             .await
             .map_err(|e| {
                 SendError::for_now(ErrorClass::Io, format!("writing {}: {e}", path.display()))
@@ -91,7 +91,10 @@ pub fn file_name(message_id: &str) -> String {
 }
 
 /// Writes `contents` to a temporary file next to `path`, then renames it into place.
-fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+fn write_atomically<'a>(
+    path: &Path,
+    contents: impl IntoIterator<Item = &'a [u8]>,
+) -> std::io::Result<()> {
     static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
     let temp = dir.join(format!(
@@ -103,7 +106,9 @@ fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
         TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
     let written = std::fs::File::create(&temp).and_then(|mut file| {
-        file.write_all(contents)?;
+        for piece in contents {
+            file.write_all(piece)?;
+        }
         file.sync_all()
     });
     match written.and_then(|()| std::fs::rename(&temp, path)) {

@@ -335,8 +335,7 @@ impl SmtpProvider {
         mail: &Rendered,
     ) -> Result<(), StepError> {
         let envelope = mail.envelope();
-        let body = mail.message();
-        let parameters = mail_parameters(connection, envelope, body)?;
+        let parameters = mail_parameters(connection, mail)?;
         let sender = envelope.from().map(address_text).unwrap_or_default();
         self.within(
             Step::MailFrom,
@@ -377,7 +376,7 @@ impl SmtpProvider {
             Step::Message,
             "sending the message",
             // In parts, so lettre's dot-stuffed copy of the message is one part at a time.
-            connection.message_iter(body.chunks(MESSAGE_PART_BYTES)),
+            connection.message_iter(mail.chunks(MESSAGE_PART_BYTES)),
         )
         .await?;
         Ok(())
@@ -454,9 +453,9 @@ impl fmt::Display for Command<'_> {
 /// The `MAIL FROM` parameters the mail needs, or why this server cannot take it.
 fn mail_parameters(
     connection: &AsyncSmtpConnection,
-    envelope: &lettre::address::Envelope,
-    body: &[u8],
+    mail: &Rendered,
 ) -> Result<Vec<MailParameter>, StepError> {
+    let envelope = mail.envelope();
     let server = connection.server_info();
     let unsupported = |detail: &str| StepError {
         step: Step::MailFrom,
@@ -475,7 +474,7 @@ fn mail_parameters(
         }
         parameters.push(MailParameter::SmtpUtfEight);
     }
-    if !body.is_ascii() {
+    if !mail.is_ascii() {
         if !server.supports_feature(Extension::EightBitMime) {
             return Err(unsupported(
                 "the mail is not ASCII and the server does not support 8BITMIME",
