@@ -98,20 +98,7 @@ impl Mail {
             body,
         ))
     }
-}
 
-/// Shows who the mail is from and to, never its body, so a `Mail` can be logged.
-impl fmt::Debug for Mail {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Mail")
-            .field("message_id", &self.message_id)
-            .field("from", &self.envelope.from().map(ToString::to_string))
-            .field("recipients", &self.envelope.to().len())
-            .finish()
-    }
-}
-
-impl Mail {
     /// The text and HTML bodies, decoded from the request with CRLF line endings (so
     /// lettre finds none to insert; see [`super::body_text`]); an empty one counts as not
     /// given.
@@ -126,5 +113,16 @@ impl Mail {
                 .map_err(|e| RequestError::Build(format!("a body does not decode: {e}")))
         };
         Ok((decode(bodies.text)?, decode(bodies.html)?))
+    }
+}
+
+/// Shows who the mail is from and to, never its body, so a `Mail` can be logged.
+impl fmt::Debug for Mail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mail")
+            .field("message_id", &self.message_id)
+            .field("from", &self.envelope.from().map(ToString::to_string))
+            .field("recipients", &self.envelope.to().len())
+            .finish()
     }
 }

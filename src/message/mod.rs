@@ -201,6 +201,7 @@ fn body_given(
         Err(problem) => Err(RequestError::Json(format!("{field}: {problem}"))),
     }
 }
+
 /// The JSON Schema of [`MailRequest`], as published in `schemas/mail-request.schema.json`.
 pub fn request_schema() -> serde_json::Value {
     schemars::schema_for!(MailRequest).to_value()
