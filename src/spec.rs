@@ -125,6 +125,17 @@ pub struct ClusterReference {
     pub namespace: Option<String>,
 }
 
+impl ClusterReference {
+    /// The cluster's namespace: the one named, or `own` (the pipeline's) when none or an
+    /// empty one is.
+    pub fn namespace_or<'a>(&'a self, own: &'a str) -> &'a str {
+        self.namespace
+            .as_deref()
+            .filter(|namespace| !namespace.is_empty())
+            .unwrap_or(own)
+    }
+}
+
 /// The exchanges, queues and policies of the pipeline.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
 #[x_kube(validation = kube::core::Rule::new(DISTINCT_NAMES_RULE)

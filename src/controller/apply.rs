@@ -3,6 +3,7 @@
 //! the workers' password is set in RabbitMQ, so a password RabbitMQ knows is always kept
 //! somewhere.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -13,12 +14,13 @@ use super::context::Context;
 use super::deployment::SECRETS_HASH_ANNOTATION;
 use super::desired::Desired;
 use super::error::Error;
+use super::ownership::{Claimed, owner_of};
 use super::resolve::Resolved;
+use super::retire::retire;
 use super::ssa::apply_if_changed;
 use super::validate::Validated;
-use crate::spec::DeletionPolicy;
-use crate::topology::ownership::{topology_marker, user_marker};
-use crate::topology::{self, Change, EmptinessCheck, Topology, UserChange, UserGrant};
+use crate::topology::ownership::Claim;
+use crate::topology::{self, Change, UserChange, UserGrant};
 
 /// How long a vhost's definitions, read for one reconcile, serve the others of the same
 /// broker endpoint and vhost (while the operator writes nothing there): drift made by
@@ -46,6 +48,7 @@ pub async fn apply(
     valid: &Validated<'_>,
     resolved: &Resolved,
     desired: &Desired,
+    claimed: &Claimed,
 ) -> Result<Applied, Error> {
     let client = &ctx.client;
     let namespace = &valid.namespace;
@@ -90,20 +93,6 @@ pub async fn apply(
         };
         user_changes.extend(management.ensure_user(&grant).await?);
     }
-    if let Some(replaced) = &desired.replaced_user {
-        // Only a user marked as this pipeline's, or not marked at all, is removed.
-        let marker = user_marker(replaced);
-        let owner = management.owner(&marker).await?;
-        let ours =
-            owner.is_none_or(|o| Some(o.uid.as_str()) == valid.pipeline.metadata.uid.as_deref());
-        if ours && management.delete_user(replaced).await? {
-            user_changes.push(UserChange::DeleteUser(replaced.clone()));
-        }
-        if ours {
-            management.clear_owner(&marker).await?;
-        }
-    }
-
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
     let live = resolved.deployment.as_ref();
     let name = kube::ResourceExt::name_any(&desired.deployment);
@@ -121,8 +110,16 @@ pub async fn apply(
     {
         reapplied_objects.push(format!("Deployment {name}"));
     }
-    if let Some(previous) = &desired.previous_topology {
-        leave_vhost(valid, previous, &mut user_changes, &mut left_behind).await?;
+    if !claimed.retiring.is_empty() {
+        retire_unwanted(
+            valid,
+            desired,
+            &claimed.retiring,
+            &ctx.settings.cluster_name,
+            &mut user_changes,
+            &mut left_behind,
+        )
+        .await?;
     }
     Ok(Applied {
         left_behind,
@@ -133,67 +130,54 @@ pub async fn apply(
     })
 }
 
-/// After a change of `spec.rabbitmq.vhost`: removes the workers' permissions on the
-/// vhost the pipeline left and, under `deletionPolicy: Delete`, its objects there (each
-/// queue only when it holds no message).
-async fn leave_vhost(
+/// Gives up what the pipeline holds and no longer wants (see [`super::retire`]): its
+/// objects in a vhost it left or under names it changed, a workers' user it no longer
+/// uses; and the workers' permissions on a vhost it left.
+async fn retire_unwanted(
     valid: &Validated<'_>,
-    previous: &Topology,
+    desired: &Desired,
+    retiring: &BTreeSet<Claim>,
+    cluster: &str,
     user_changes: &mut Vec<UserChange>,
     left_behind: &mut Vec<String>,
 ) -> Result<(), Error> {
     let management = &valid.broker.management;
     let credentials = &valid.credentials;
-    if credentials.managed
-        && management
-            .remove_permissions(&credentials.username, &previous.vhost)
-            .await?
-    {
-        user_changes.push(UserChange::RemovePermissions {
-            user: credentials.username.clone(),
-            vhost: previous.vhost.clone(),
-        });
-    }
-    let policy = valid.spec.topology.deletion_policy;
-    let marker = topology_marker(&previous.vhost, &valid.spec.topology.queue);
-    // The old vhost's topology goes only when it is this pipeline's: marked as its own,
-    // or not marked at all (made before markers existed).
-    let owner = management.owner(&marker).await?;
-    if let Some(owner) =
-        owner.filter(|o| Some(o.uid.as_str()) != valid.pipeline.metadata.uid.as_deref())
-    {
-        left_behind.push(format!(
-            "keep the topology in vhost {:?}: it belongs to {owner}",
-            previous.vhost
-        ));
-        return Ok(());
-    }
-    if policy == DeletionPolicy::Delete {
-        let amqp_url = valid.broker.broker.operator_amqp_url(&previous.vhost);
-        let report = topology::delete(
-            management,
-            previous,
-            policy,
-            EmptinessCheck::Live(&amqp_url),
-        )
-        .await?;
-        let vhost = &previous.vhost;
-        left_behind.extend(
-            report
-                .removed
-                .iter()
-                .map(|r| format!("remove {r} from vhost {vhost:?}")),
-        );
-        left_behind.extend(
-            report
-                .kept
-                .iter()
-                .map(|k| format!("keep in vhost {vhost:?} {k}")),
-        );
-        if report.kept.is_empty() {
-            management.clear_owner(&marker).await?;
+    let left: BTreeSet<&str> = retiring
+        .iter()
+        .filter_map(Claim::vhost)
+        .filter(|vhost| *vhost != desired.topology.vhost)
+        .collect();
+    for vhost in left {
+        if credentials.managed
+            && management
+                .remove_permissions(&credentials.username, vhost)
+                .await?
+        {
+            user_changes.push(UserChange::RemovePermissions {
+                user: credentials.username.clone(),
+                vhost: vhost.to_string(),
+            });
         }
     }
+    let me = owner_of(cluster, valid.pipeline);
+    let retired = retire(
+        management,
+        &valid.broker.broker,
+        &me,
+        retiring,
+        valid.spec.topology.deletion_policy,
+    )
+    .await?;
+    user_changes.extend(
+        retired
+            .users_removed
+            .into_iter()
+            .map(UserChange::DeleteUser),
+    );
+    left_behind.extend(retired.removed.iter().map(|r| format!("remove {r}")));
+    left_behind.extend(retired.kept.iter().map(|r| format!("keep {r}")));
+    left_behind.extend(retired.left_over.iter().map(|r| format!("keep {r}")));
     Ok(())
 }
 

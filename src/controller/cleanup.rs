@@ -22,13 +22,13 @@ use super::connection;
 use super::context::Context;
 use super::deployment::deployment_name;
 use super::error::Error;
-use super::ownership::{NotToRemove, is_ours, owner_of};
+use super::ownership::owner_of;
 use super::reasons::event;
-use super::resolve::CAPABILITIES_MAX_AGE;
-use super::worker_user::{self, managed_username};
-use crate::spec::{DeletionPolicy, MailerPipeline};
-use crate::topology::ownership::{topology_marker, user_marker};
-use crate::topology::{self, BrokerCapabilities, EmptinessCheck, Management, Topology};
+use super::retire::retire;
+use super::worker_user;
+use crate::spec::MailerPipeline;
+use crate::topology;
+use crate::topology::ownership::{legacy_topology_marker, topology_claims};
 
 /// What a cleanup removed, and what it left with why.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -58,6 +58,9 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
     }
     if !report.kept.is_empty() {
         note.push(format!("kept {}", report.kept.join(", ")));
+    }
+    if note.is_empty() {
+        note.push("nothing in RabbitMQ was this pipeline's".to_string());
     }
     if report.not_cleaned_up.is_empty() {
         ctx.publish(
@@ -133,11 +136,6 @@ async fn remove_from_rabbitmq(
         }
     };
     let spec = &pipeline.spec;
-    let managed_user = spec
-        .worker
-        .user_secret
-        .is_none()
-        .then(|| managed_username(&ctx.settings.cluster_name, pipeline));
     let me = owner_of(&ctx.settings.cluster_name, pipeline);
     let broker = match connection::resolve(&ctx.client, pipeline).await {
         Ok(broker) => broker,
@@ -160,138 +158,62 @@ async fn remove_from_rabbitmq(
             return Ok(report);
         }
     };
-
-    // The user goes first: RabbitMQ closes its connections, so the deliveries the
-    // workers held return to their queue and are counted before a queue is deleted.
-    // Only what is marked as this pipeline's (or not marked at all) is removed.
-    if let Some(user) = &managed_user {
-        let marker = user_marker(user);
-        match is_ours(&management, &marker, &me).await {
-            Ok(()) => {
-                match management.delete_user(user).await {
-                    Ok(true) => report.removed.push(format!("user {user}")),
-                    Ok(false) => {}
-                    Err(e) => {
-                        let e = Error::from(e);
-                        report
-                            .not_cleaned_up
-                            .push(format!("user {user}: {}", e.public_message()));
-                        note_transient(e);
-                    }
-                }
-                release(&management, &marker, &mut report, &mut note_transient).await;
-            }
-            Err(NotToRemove::Foreign(why)) => report.kept.push(format!("user {user}: {why}")),
-            Err(NotToRemove::Unknown(e)) => {
-                report
-                    .not_cleaned_up
-                    .push(format!("user {user}: {}", e.public_message()));
-                note_transient(e);
-            }
-        }
-    }
-    let marker = topology_marker(&spec.rabbitmq.vhost, &spec.topology.queue);
-    if let Err(not) = is_ours(&management, &marker, &me).await {
-        let what = format!(
-            "the topology of queue {:?} in vhost {:?}",
-            spec.topology.queue, spec.rabbitmq.vhost
-        );
-        match not {
-            NotToRemove::Foreign(why) => report.kept.push(format!("{what}: {why}")),
-            NotToRemove::Unknown(e) => {
-                report
-                    .not_cleaned_up
-                    .push(format!("{what}: {}", e.public_message()));
-                note_transient(e);
-            }
-        }
-        return Ok(report);
-    }
-    release(&management, &marker, &mut report, &mut note_transient).await;
-
-    let policy = spec.topology.deletion_policy;
-    // Deleting goes by the objects' names, which no capability changes; the broker is
-    // asked for them only when something is to be deleted.
-    let capabilities = match policy {
-        DeletionPolicy::Retain => BrokerCapabilities::RABBITMQ_4,
-        DeletionPolicy::Delete => {
-            match management.capabilities_within(CAPABILITIES_MAX_AGE).await {
-                Ok(capabilities) => capabilities,
-                Err(e) => {
-                    let e = Error::from(e);
-                    report.not_cleaned_up.push(format!(
-                        "the topology in vhost {:?}: {}",
-                        spec.rabbitmq.vhost,
-                        e.public_message()
-                    ));
-                    note_transient(e);
-                    return Ok(report);
-                }
-            }
-        }
-    };
-    let desired = match Topology::desired(&spec.rabbitmq.vhost, &spec.topology, capabilities) {
-        Ok(desired) => desired,
+    // What the pipeline holds is what the broker's markers name its UID, read now.
+    let markers = match management.markers().await {
+        Ok(markers) => markers,
         Err(e) => {
-            if policy == DeletionPolicy::Delete {
-                report
-                    .not_cleaned_up
-                    .push(format!("the topology, since the spec is invalid: {e}"));
-            }
+            let e = Error::from(e);
+            report
+                .not_cleaned_up
+                .push(format!("everything in RabbitMQ: {}", e.public_message()));
+            note_transient(e);
             return Ok(report);
         }
     };
-    let amqp_url = broker.operator_amqp_url(&desired.vhost);
-    match topology::delete(
-        &management,
-        &desired,
-        policy,
-        EmptinessCheck::Live(&amqp_url),
-    )
-    .await
-    {
-        Ok(deleted) => {
-            report.removed.extend(deleted.removed);
-            // Under Delete, whatever was kept was meant to go (a queue that still holds
-            // mail, a broker that went away); under Retain, keeping is the point.
-            let meant_to_go = policy == DeletionPolicy::Delete;
-            for kept in deleted.kept {
-                let nothing_there = kept.starts_with("nothing:");
-                if meant_to_go && !nothing_there {
-                    report.not_cleaned_up.push(kept);
-                } else {
-                    report.kept.push(kept);
-                }
-            }
+    let mut held = markers.held_by(&me.uid);
+    // A topology the 0.1 releases marked whole as this pipeline's: its objects that no
+    // marker of their own names.
+    let legacy = legacy_topology_marker(&spec.rabbitmq.vhost, &spec.topology.queue);
+    let legacy_ours = markers
+        .owner_of_marker(&legacy)
+        .is_some_and(|owner| owner.uid == me.uid);
+    if legacy_ours {
+        held.extend(
+            topology_claims(&spec.rabbitmq.vhost, &spec.topology)
+                .into_iter()
+                .filter(|claim| markers.owner(claim).is_none()),
+        );
+    }
+    let policy = spec.topology.deletion_policy;
+    match retire(&management, &broker, &me, &held, policy).await {
+        Ok(retired) => {
+            let users = retired
+                .users_removed
+                .iter()
+                .map(|user| format!("user {user}"));
+            report.removed.extend(users);
+            report.removed.extend(retired.removed);
+            report.kept.extend(retired.kept);
+            report.not_cleaned_up.extend(retired.left_over);
         }
         Err(e) => {
-            let e = Error::from(e);
             report.not_cleaned_up.push(format!(
-                "the topology in vhost {:?}: {}",
-                desired.vhost,
+                "what the pipeline holds in RabbitMQ: {}",
                 e.public_message()
             ));
             note_transient(e);
+            return Ok(report);
         }
     }
-    Ok(report)
-}
-
-/// Removes this pipeline's owner marker, so another pipeline may take what is left.
-async fn release(
-    management: &Management,
-    marker: &str,
-    report: &mut CleanupReport,
-    note_transient: &mut impl FnMut(Error),
-) {
-    if let Err(e) = management.clear_owner(marker).await {
+    if legacy_ours && let Err(e) = management.clear_owner(&legacy).await {
         let e = Error::from(e);
         report.not_cleaned_up.push(format!(
-            "the owner marker {marker:?}: {}",
+            "the owner marker {legacy:?}: {}",
             e.public_message()
         ));
         note_transient(e);
     }
+    Ok(report)
 }
 
 /// What an event may say of a broker's failure (see [`Error::public_message`]).

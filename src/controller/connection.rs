@@ -70,10 +70,7 @@ pub async fn resolve(client: &Client, pipeline: &MailerPipeline) -> Result<Broke
             .err()
             .map_or(Error::IncompleteObject("spec.rabbitmq"), Error::from));
     };
-    let cluster_namespace = cluster_ref
-        .namespace
-        .clone()
-        .unwrap_or_else(|| namespace.clone());
+    let cluster_namespace = cluster_ref.namespace_or(&namespace).to_string();
     let cluster_error = |problem: String| Error::Cluster {
         namespace: cluster_namespace.clone(),
         name: cluster_ref.name.clone(),

@@ -12,7 +12,7 @@ use super::autoscaling::{self, Autoscaling};
 use super::context::Context;
 use super::desired::desired;
 use super::error::Error;
-use super::ownership::{check_collisions, claim, same_claim};
+use super::ownership::claim;
 use super::resolve::resolve;
 use super::validate::validate;
 use crate::spec::{MailerPipeline, QueueDepths, TopologySpec};
@@ -32,8 +32,7 @@ pub struct Converged {
 }
 
 /// Applies everything `pipeline` asks for. `live_deployment` is the worker Deployment
-/// as read before. The pipelines in the controller's caches are looked at first, for
-/// an older one that claims the same send queue.
+/// as read before.
 pub async fn converge(
     ctx: &Context,
     pipeline: &MailerPipeline,
@@ -55,16 +54,12 @@ async fn converge_uncounted(
 ) -> Result<Converged, Error> {
     let client = &ctx.client;
     let settings = &ctx.settings;
-    check_collisions(
-        pipeline,
-        &ctx.known_pipelines(|other| same_claim(other, pipeline)),
-    )?;
     let resolved = resolve(client, &ctx.brokers, &ctx.owned, pipeline, live_deployment).await?;
     let valid = validate(pipeline, &resolved, &settings.cluster_name)?;
     let desired = desired(&valid, &resolved, settings)?;
     let keda = autoscaling::resolve(client, &ctx.keda, pipeline, &valid.namespace).await?;
-    claim(&valid, &desired, &settings.cluster_name).await?;
-    let mut applied = apply(ctx, &valid, &resolved, &desired).await?;
+    let claimed = claim(ctx, &valid, &desired).await?;
+    let mut applied = apply(ctx, &valid, &resolved, &desired, &claimed).await?;
     // KEDA's objects reference the Deployment, so they follow it.
     let (autoscaling, reapplied) =
         autoscaling::converge(client, pipeline, &valid.namespace, keda).await?;

@@ -2,6 +2,8 @@
 //! validated pipeline: its RabbitMQ topology and workers' permissions, the worker
 //! Secret and the worker Deployment. Nothing is read or written here.
 
+use std::collections::BTreeSet;
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 
@@ -12,6 +14,7 @@ use super::references::SecretRole;
 use super::resolve::Resolved;
 use super::validate::Validated;
 use super::worker_user;
+use crate::topology::ownership::{Claim, topology_claims};
 use crate::topology::{Permissions, Topology};
 
 /// Everything the apply phase brings about.
@@ -23,11 +26,9 @@ pub struct Desired {
     /// The hash of the Secrets the workers read, on the Deployment's pod template.
     pub secrets_hash: String,
     pub deployment: Deployment,
-    /// A user the operator made before and the workers no longer use.
-    pub replaced_user: Option<String>,
-    /// The topology in the vhost the pipeline was applied in before, when `spec.rabbitmq.vhost`
-    /// changed since: its permissions go, and its objects as `deletionPolicy` says.
-    pub previous_topology: Option<Topology>,
+    /// What the pipeline claims in the broker: its topology's exchanges and queues, and
+    /// the workers' user when the operator makes it.
+    pub claims: BTreeSet<Claim>,
 }
 
 pub fn desired(
@@ -56,23 +57,19 @@ pub fn desired(
     if let Some(live) = &resolved.deployment {
         keep_live_selector(&mut deployment, live);
     }
-    let previous_topology = match worker_user::applied_vhost(resolved.worker_secret.as_ref()) {
-        Some(old) if old != topology.vhost => Some(Topology::desired(
-            &old,
-            &spec.topology,
-            valid.broker.capabilities,
-        )?),
-        _ => None,
-    };
+    let mut claims: BTreeSet<Claim> = topology_claims(&topology.vhost, &spec.topology)
+        .into_iter()
+        .collect();
+    if credentials.managed {
+        claims.insert(Claim::User {
+            name: credentials.username.clone(),
+        });
+    }
     Ok(Desired {
-        previous_topology,
+        claims,
         permissions: credentials
             .managed
             .then(|| Permissions::for_worker(&spec.topology)),
-        replaced_user: worker_user::replaced_managed_user(
-            resolved.worker_secret.as_ref(),
-            credentials,
-        ),
         topology,
         worker_secret,
         secrets_hash: hash,

@@ -4,6 +4,9 @@
 use crate::spec::InvalidSpec;
 use crate::topology::TopologyError;
 
+/// What a refused pipeline can do to have names of its own.
+const OWN_NAMES: &str = "Give this pipeline names of its own (spec.topology: exchange, retryExchange, deadExchange, queue, retryQueue, deadQueue, e.g. prefixed with its name), or another spec.rabbitmq.vhost";
+
 /// Why a reconcile of a pipeline failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -59,23 +62,38 @@ pub enum Error {
         controller: Option<String>,
     },
     #[error(
-        "{what} in RabbitMQ belongs to {owner}; nothing was changed. Give this pipeline its own (another spec.topology.queue or spec.rabbitmq.vhost), or delete the other pipeline"
+        "{what} in RabbitMQ belongs to {owner}; nothing was changed. {own}, or delete the other pipeline", own = OWN_NAMES
     )]
     Owned {
-        /// What is owned, e.g. `the topology of queue "mail.send" in vhost "/"`.
+        /// What is owned, e.g. `queue "mail.send" in vhost "shop"`.
         what: String,
         /// The owner, as its marker names it.
         owner: String,
     },
     #[error(
-        "MailerPipeline {other} is older and uses the same broker ({broker}), vhost {vhost:?} and queue {queue:?}; nothing was changed. Give this pipeline its own (another spec.topology.queue or spec.rabbitmq.vhost), or delete one of them"
+        "{what} exists in RabbitMQ and no pipeline's owner marker names it (it was made by hand, by mailer topology apply, or by someone else); the operator never takes over what it did not make, and nothing was changed. {own}; or have the broker's administrator remove it", own = OWN_NAMES
+    )]
+    Unclaimed {
+        /// What exists, e.g. `exchange "mail" in vhost "shop"`.
+        what: String,
+    },
+    #[error(
+        "MailerPipeline {other} is older and also wants {what} on the same broker ({broker}); nothing was changed. {own}, or delete one of them", own = OWN_NAMES
     )]
     Collision {
         /// `namespace/name` of the older pipeline.
         other: String,
         broker: String,
+        /// What both want, e.g. `queue "mail.send" in vhost "shop"`.
+        what: String,
+    },
+    #[error(
+        "queue {queue:?} in vhost {vhost:?} holds {messages} messages, and the spec no longer names it (spec.topology or spec.rabbitmq.vhost changed): no worker would ever take them, so nothing was changed. Set the name back; or move the mail first: make a second pipeline with the new names, switch the producers to it, and change or delete this one once the queue is empty"
+    )]
+    QueueNotEmpty {
         vhost: String,
         queue: String,
+        messages: u64,
     },
     #[error(transparent)]
     Topology(#[from] TopologyError),
@@ -109,6 +127,7 @@ pub const CATEGORIES: &[&str] = &[
     "forbidden",
     "refused",
     "conflict",
+    "queue-not-empty",
     "kube-api",
     "incomplete-object",
     "unreadable",
@@ -131,7 +150,11 @@ impl Error {
             Self::InvalidSecretValue { .. } => "invalid-secret-value",
             Self::Cluster { .. } => "cluster",
             Self::NotAllowed { .. } => "not-allowed",
-            Self::NotOurs { .. } | Self::Owned { .. } | Self::Collision { .. } => "conflict",
+            Self::NotOurs { .. }
+            | Self::Owned { .. }
+            | Self::Unclaimed { .. }
+            | Self::Collision { .. } => "conflict",
+            Self::QueueNotEmpty { .. } => "queue-not-empty",
             Self::Topology(TopologyError::InvalidSpec(_)) => "invalid-spec",
             Self::Topology(e) => e.category(),
             Self::Kube { .. } => "kube-api",
@@ -177,6 +200,8 @@ impl Error {
             },
             // The cluster-operator may still be creating the cluster's Secret or Service.
             Self::Cluster { .. } => true,
+            // The workers, still on the names before, may empty the queue.
+            Self::QueueNotEmpty { .. } => true,
             Self::InvalidSpec(_)
             | Self::MissingSecret { .. }
             | Self::MissingSecretKey { .. }
@@ -184,6 +209,7 @@ impl Error {
             | Self::NotAllowed { .. }
             | Self::NotOurs { .. }
             | Self::Owned { .. }
+            | Self::Unclaimed { .. }
             | Self::Collision { .. }
             | Self::IncompleteObject(_)
             | Self::Unreadable(_) => false,

@@ -113,7 +113,7 @@ fn references(pipeline: &Guarded) -> Vec<Referenced> {
     if let Some(cluster) = &pipeline.spec.rabbitmq.cluster_ref {
         let own = pipeline.namespace().unwrap_or_default();
         referenced.push(Referenced::Cluster {
-            namespace: cluster.namespace.clone().unwrap_or(own),
+            namespace: cluster.namespace_or(&own).to_string(),
             name: cluster.name.clone(),
         });
     }

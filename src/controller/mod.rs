@@ -30,6 +30,7 @@ pub mod reconcile;
 pub mod references;
 pub mod report;
 pub mod resolve;
+pub mod retire;
 pub mod ssa;
 pub mod status;
 pub mod tenancy;

@@ -1,26 +1,39 @@
-//! Which pipeline owns what in a broker, so two pipelines never fight over one send
-//! queue or one workers' user.
+//! The claim phase of a reconcile: which pipeline owns what in a broker, so a pipeline
+//! acts only on what it can prove is its own.
 //!
-//! Two checks, both before anything is written:
+//! A pipeline claims every exchange and queue of its topology and the workers' user the
+//! operator makes for it, with an owner marker per object in the broker (see
+//! [`crate::topology::ownership`]) naming its UID. What it holds is what those markers
+//! name, nothing a tenant can write: not its spec, not a Secret, not even the worker
+//! Secret the operator made. Before anything is written:
 //!
-//! - among the pipelines the controller knows (its caches), two that name the same
-//!   broker (connection Secret or RabbitmqCluster), vhost and send queue collide; the
-//!   newer one (by creationTimestamp, then name) is refused, the older one goes on;
-//! - in the broker, an owner marker (see [`crate::topology::ownership`]) names the
-//!   pipeline that owns a topology and a workers' user; one owned by another pipeline
-//!   (of this cluster or another sharing the broker) is refused. A pipeline marks what
-//!   it makes, and deleting it removes only what is marked as its own.
+//! - what it holds and no longer wants (another vhost, other names, another user) is
+//!   *retiring*: a retiring queue that still holds mail refuses the change, which would
+//!   strand it;
+//! - what it wants and does not hold is claimed: among the pipelines the controller
+//!   knows (its caches), an older one (creationTimestamp, then UID) that wants one of the
+//!   same names goes first; then, under a lock per name in the broker, each marker is
+//!   read again and an object owned by another pipeline, or one that exists with no
+//!   marker at all (made by hand, or by someone else), refuses the pipeline, which writes
+//!   nothing. Only then are its markers written.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
+use futures::future::try_join_all;
 use kube::ResourceExt;
 
+use super::context::Context;
 use super::desired::Desired;
 use super::error::Error;
 use super::validate::Validated;
 use crate::spec::MailerPipeline;
-use crate::topology::Management;
-use crate::topology::ownership::{Owner, topology_marker, user_marker};
+use crate::topology::ownership::{Claim, Markers, Owner, legacy_topology_marker, topology_claims};
+use crate::topology::{Change, Management};
+
+/// How long a claim waits for another claim of the same name to finish.
+const LOCK_WAIT: Duration = Duration::from_secs(10);
 
 /// The owner marker's value for `pipeline`.
 pub fn owner_of(cluster: &str, pipeline: &MailerPipeline) -> Owner {
@@ -29,121 +42,214 @@ pub fn owner_of(cluster: &str, pipeline: &MailerPipeline) -> Owner {
         namespace: pipeline.namespace().unwrap_or_default(),
         name: pipeline.name_any(),
         uid: pipeline.uid().unwrap_or_default(),
+        retained: false,
     }
 }
 
-/// What identifies the broker objects a pipeline claims, as far as its spec says:
-/// the broker it names, its vhost and its send queue.
-fn claim_key(pipeline: &MailerPipeline) -> (String, &str, &str) {
+/// What the claim phase found.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    /// What the pipeline holds and no longer wants: its objects in a vhost it left or
+    /// under names it changed, a workers' user it no longer uses. The apply phase
+    /// retires them as `deletionPolicy` says.
+    pub retiring: BTreeSet<Claim>,
+}
+
+/// Claims what `desired` needs for the pipeline, or refuses it before anything is
+/// written (but the vhost its locks live in, which no pipeline owns).
+pub async fn claim(
+    ctx: &Context,
+    valid: &Validated<'_>,
+    desired: &Desired,
+) -> Result<Claimed, Error> {
+    let management = &valid.broker.management;
+    let me = owner_of(&ctx.settings.cluster_name, valid.pipeline);
+    let markers = management
+        .shared_markers(ctx.settings.definitions_max_age)
+        .await?;
+    let held = markers.held_by(&me.uid);
+    let retiring: BTreeSet<Claim> = held.difference(&desired.claims).cloned().collect();
+    refuse_stranding(management, &retiring).await?;
+    let missing: Vec<&Claim> = desired
+        .claims
+        .iter()
+        .filter(|claim| !held.contains(claim))
+        .collect();
+    if missing.is_empty() {
+        return Ok(Claimed { retiring });
+    }
+    // What the list already says is another's is refused without a lock.
+    refuse_foreign(&markers, &me, &missing)?;
+    let known = ctx.known_pipelines(|other| other.uid() != valid.pipeline.uid());
+    check_collisions(valid.pipeline, &known)?;
+    // The locks live in the vhost, which the operator's user must be able to use.
+    let vhost = &desired.topology.vhost;
+    if management.vhost_exists(vhost).await? {
+        management.ensure_own_grant(vhost).await?;
+    } else {
+        management
+            .write(vhost, &Change::CreateVhost(vhost.clone()))
+            .await?;
+    }
+    let locks = management
+        .lock_claims(vhost, &missing, &me.uid, LOCK_WAIT)
+        .await?;
+    let taken = take(management, valid, &me, &missing).await;
+    locks.release().await;
+    taken?;
+    Ok(Claimed { retiring })
+}
+
+fn refuse_foreign(markers: &Markers, me: &Owner, wanted: &[&Claim]) -> Result<(), Error> {
+    for claim in wanted {
+        if let Some(owner) = markers.owner(claim).filter(|owner| !me.may_take(owner)) {
+            return Err(Error::Owned {
+                what: claim.to_string(),
+                owner: owner.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Under the claims' locks: reads each marker again and what exists, and writes the
+/// markers when every one of `missing` may be taken.
+async fn take(
+    management: &Management,
+    valid: &Validated<'_>,
+    me: &Owner,
+    missing: &[&Claim],
+) -> Result<(), Error> {
+    let found = try_join_all(missing.iter().map(|claim| async move {
+        let owner = management.owner(&claim.marker()).await?;
+        let exists = match owner {
+            Some(_) => true,
+            None => management.claimed_exists(claim).await?,
+        };
+        Ok::<_, Error>((*claim, owner, exists))
+    }))
+    .await?;
+    let legacy = legacy_topology_marker(&valid.spec.rabbitmq.vhost, &valid.spec.topology.queue);
+    let mut legacy_ours = None;
+    for (claim, owner, exists) in &found {
+        match owner {
+            Some(owner) if me.may_take(owner) => {}
+            Some(owner) => {
+                return Err(Error::Owned {
+                    what: claim.to_string(),
+                    owner: owner.to_string(),
+                });
+            }
+            None if !exists => {}
+            None => {
+                // Made by the 0.1 releases, which marked a whole topology at once.
+                if legacy_ours.is_none() {
+                    legacy_ours = Some(
+                        management
+                            .owner(&legacy)
+                            .await?
+                            .is_some_and(|o| o.uid == me.uid),
+                    );
+                }
+                let of_legacy_topology = legacy_ours == Some(true)
+                    && topology_claims(&valid.spec.rabbitmq.vhost, &valid.spec.topology)
+                        .contains(claim);
+                if !of_legacy_topology {
+                    return Err(Error::Unclaimed {
+                        what: claim.to_string(),
+                    });
+                }
+            }
+        }
+    }
+    try_join_all(
+        missing
+            .iter()
+            .map(|claim| management.set_owner_of(claim, me)),
+    )
+    .await?;
+    if legacy_ours == Some(true) {
+        management.clear_owner(&legacy).await?;
+    }
+    Ok(())
+}
+
+/// Refuses a change that would leave a queue the pipeline holds behind with mail in it
+/// and no worker (as the management API last counted it).
+async fn refuse_stranding(
+    management: &Management,
+    retiring: &BTreeSet<Claim>,
+) -> Result<(), Error> {
+    for claim in retiring {
+        let Claim::Queue { vhost, name } = claim else {
+            continue;
+        };
+        if let Some(depth) = management.queue_depth(vhost, name).await?
+            && depth.messages > 0
+        {
+            return Err(Error::QueueNotEmpty {
+                vhost: vhost.clone(),
+                queue: name.clone(),
+                messages: depth.messages,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The broker a pipeline's spec names, as far as its spec says.
+fn broker_of(pipeline: &MailerPipeline) -> String {
     let namespace = pipeline.namespace().unwrap_or_default();
     let rabbitmq = &pipeline.spec.rabbitmq;
-    let broker = match (&rabbitmq.connection_secret, &rabbitmq.cluster_ref) {
+    match (&rabbitmq.connection_secret, &rabbitmq.cluster_ref) {
         (Some(secret), _) => format!("Secret {namespace}/{}", secret.name),
         (None, Some(cluster)) => format!(
             "RabbitmqCluster {}/{}",
-            cluster.namespace.as_deref().unwrap_or(&namespace),
+            cluster.namespace_or(&namespace),
             cluster.name
         ),
         (None, None) => String::new(),
-    };
-    (
-        broker,
-        rabbitmq.vhost.as_str(),
-        pipeline.spec.topology.queue.as_str(),
-    )
+    }
 }
 
-/// Whether `a` and `b` name the same broker, vhost and send queue.
-pub fn same_claim(a: &MailerPipeline, b: &MailerPipeline) -> bool {
-    claim_key(a) == claim_key(b)
+/// The first of the names `a` and `b` both claim on the same broker, if any.
+fn shared_claim(a: &MailerPipeline, b: &MailerPipeline) -> Option<Claim> {
+    if broker_of(a) != broker_of(b) {
+        return None;
+    }
+    let theirs = topology_claims(&b.spec.rabbitmq.vhost, &b.spec.topology);
+    topology_claims(&a.spec.rabbitmq.vhost, &a.spec.topology)
+        .into_iter()
+        .find(|claim| theirs.contains(claim))
 }
 
-/// Fails when an older pipeline among `known` claims the same broker, vhost and send
-/// queue as `pipeline`. Pipelines being deleted do not count: their claim is ending.
+/// Fails when an older pipeline among `known` wants one of the names `pipeline` wants on
+/// the same broker: of two pipelines made together, the older claims first. Pipelines
+/// being deleted do not count: their claim is ending. (Pipelines that name the same
+/// broker through different Secrets are told apart by the markers in the broker.)
 pub fn check_collisions(
     pipeline: &MailerPipeline,
     known: &[Arc<MailerPipeline>],
 ) -> Result<(), Error> {
-    let key = claim_key(pipeline);
-    let age = |p: &MailerPipeline| (p.creation_timestamp(), p.name_any(), p.namespace());
+    let age = |p: &MailerPipeline| (p.creation_timestamp(), p.uid());
     let older = known
         .iter()
         .filter(|other| other.uid() != pipeline.uid())
         .filter(|other| other.metadata.deletion_timestamp.is_none())
-        .filter(|other| claim_key(other) == key)
         .filter(|other| age(other) < age(pipeline))
-        .min_by_key(|other| age(other));
+        .filter_map(|other| shared_claim(pipeline, other).map(|claim| (other, claim)))
+        .min_by_key(|(other, _)| age(other));
     match older {
-        Some(other) => Err(Error::Collision {
+        Some((other, claim)) => Err(Error::Collision {
             other: format!(
                 "{}/{}",
                 other.namespace().unwrap_or_default(),
                 other.name_any()
             ),
-            broker: key.0,
-            vhost: key.1.to_string(),
-            queue: key.2.to_string(),
+            broker: broker_of(pipeline),
+            what: claim.to_string(),
         }),
         None => Ok(()),
-    }
-}
-
-/// Marks the pipeline's topology (and its workers' user, when the operator makes it) as
-/// its own in the broker, after checking that no other pipeline owns either; writes
-/// only markers that are missing.
-pub async fn claim(valid: &Validated<'_>, desired: &Desired, cluster: &str) -> Result<(), Error> {
-    let management = &valid.broker.management;
-    let me = owner_of(cluster, valid.pipeline);
-    let mut markers = vec![(
-        topology_marker(&desired.topology.vhost, &valid.spec.topology.queue),
-        format!(
-            "the topology of queue {:?} in vhost {:?}",
-            valid.spec.topology.queue, desired.topology.vhost
-        ),
-    )];
-    if valid.credentials.managed {
-        markers.push((
-            user_marker(&valid.credentials.username),
-            format!("the workers' user {:?}", valid.credentials.username),
-        ));
-    }
-    let mut missing = Vec::new();
-    for (marker, what) in markers {
-        match management.owner(&marker).await? {
-            Some(owner) if owner.uid == me.uid => {}
-            Some(owner) => {
-                return Err(Error::Owned {
-                    what,
-                    owner: owner.to_string(),
-                });
-            }
-            None => missing.push(marker),
-        }
-    }
-    for marker in missing {
-        management.set_owner(&marker, &me).await?;
-    }
-    Ok(())
-}
-
-/// Why something in the broker is not removed with a pipeline.
-#[derive(Debug)]
-pub enum NotToRemove {
-    /// Another pipeline owns it (its owner, in words).
-    Foreign(String),
-    /// Its marker could not be read.
-    Unknown(Error),
-}
-
-/// `Ok` when what `marker` marks is this pipeline's to remove: marked as its own, or
-/// not marked at all (made before markers existed).
-pub async fn is_ours(management: &Management, marker: &str, me: &Owner) -> Result<(), NotToRemove> {
-    match management.owner(marker).await {
-        Ok(Some(owner)) if owner.uid != me.uid => {
-            Err(NotToRemove::Foreign(format!("it belongs to {owner}")))
-        }
-        Ok(_) => Ok(()),
-        Err(e) => Err(NotToRemove::Unknown(Error::from(e))),
     }
 }
 
@@ -164,7 +270,7 @@ mod tests {
     const CONN: &str = "rabbitmq: {connectionSecret: {name: conn}}";
 
     #[test]
-    fn the_newer_of_two_pipelines_on_one_queue_is_refused() {
+    fn the_newer_of_two_pipelines_on_one_name_is_refused() {
         let old = pipeline("prod", "b", 10, CONN);
         let new = pipeline("prod", "a", 20, CONN);
         let known = vec![old.clone(), new.clone()];
@@ -172,15 +278,44 @@ mod tests {
         let error = check_collisions(&new, &known).unwrap_err();
         assert_eq!(error.reason(), "Conflict");
         assert!(error.to_string().contains("prod/b"), "{error}");
-        // Created in the same second: the name decides.
+        // Created in the same second: the UID decides, the same way for both.
         let twin = pipeline("prod", "c", 10, CONN);
         let known = vec![old.clone(), twin.clone()];
-        assert!(check_collisions(&old, &known).is_ok());
-        assert!(check_collisions(&twin, &known).is_err());
+        assert_ne!(
+            check_collisions(&old, &known).is_ok(),
+            check_collisions(&twin, &known).is_ok(),
+            "exactly one of the two goes on"
+        );
     }
 
     #[test]
-    fn other_queues_vhosts_or_brokers_do_not_collide() {
+    fn a_second_pipeline_sharing_any_name_in_a_vhost_collides() {
+        let old = pipeline("prod", "a", 10, CONN);
+        // Only the send queue differs: the exchanges and the other queues are shared.
+        let only_queue = pipeline(
+            "prod",
+            "b",
+            20,
+            "rabbitmq: {connectionSecret: {name: conn}}\ntopology: {queue: other.send}",
+        );
+        let error = check_collisions(&only_queue, std::slice::from_ref(&old)).unwrap_err();
+        assert!(error.to_string().contains("exchange \"mail\""), "{error}");
+        // Another's dead queue as its send queue.
+        let dead_as_send = pipeline(
+            "prod",
+            "c",
+            20,
+            "rabbitmq: {connectionSecret: {name: conn}}\ntopology: {queue: mail.send.dead, exchange: x, retryExchange: x.retry, deadExchange: x.dead, retryQueue: x.retry.q, deadQueue: x.dead.q}",
+        );
+        let error = check_collisions(&dead_as_send, &[old]).unwrap_err();
+        assert!(
+            error.to_string().contains("queue \"mail.send.dead\""),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn names_of_their_own_other_vhosts_or_brokers_do_not_collide() {
         let old = pipeline("prod", "a", 10, CONN);
         for yaml in [
             "rabbitmq: {connectionSecret: {name: conn}}\ntopology: {queue: other.send, exchange: other, retryExchange: other.retry, retryQueue: other.send.retry, deadExchange: other.dead, deadQueue: other.send.dead}",

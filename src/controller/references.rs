@@ -64,7 +64,7 @@ pub fn secrets_read(pipeline: &MailerPipeline) -> Vec<SecretRead> {
         reads.push(read(&own, &secret.name, SecretRole::Connection));
     }
     if let Some(cluster) = &spec.rabbitmq.cluster_ref {
-        let namespace = cluster.namespace.as_deref().unwrap_or(&own);
+        let namespace = cluster.namespace_or(&own);
         let name = default_user_secret(&cluster.name);
         reads.push(read(namespace, &name, SecretRole::ClusterDefaultUser));
     }

@@ -21,7 +21,9 @@ pub const USERNAME_KEY: &str = "username";
 pub const PASSWORD_KEY: &str = "password";
 /// The key of the full AMQP URL, with credentials and vhost.
 pub const URL_KEY: &str = "url";
-/// On the worker Secret: `"true"` when the operator created the user (and so deletes it).
+/// On the worker Secret, for people: `"true"` when the operator created the user. The
+/// operator never reads it back: what it made is what its owner markers in the broker
+/// say (the Secret is the tenant's to write).
 pub const MANAGED_ANNOTATION: &str = "mailer.dev/user-managed";
 
 const PASSWORD_LENGTH: usize = 32;
@@ -79,37 +81,6 @@ pub fn managed_credentials(
         username,
         managed: true,
     }
-}
-
-/// The user the operator made before, as its Secret says, when the workers now use
-/// another one (`spec.worker.userSecret` was set since, or the operator's user has a
-/// new name: another `--cluster-name`, or the name before cluster names were part of
-/// it): it is no longer needed.
-pub fn replaced_managed_user(
-    existing: Option<&Secret>,
-    credentials: &WorkerCredentials,
-) -> Option<String> {
-    let secret = existing?;
-    let managed = secret
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(MANAGED_ANNOTATION))
-        .is_some_and(|v| v == "true");
-    let username = secret_value(secret, USERNAME_KEY)?;
-    (managed && username != credentials.username).then_some(username)
-}
-
-/// The vhost of the workers' URL in `existing` (the Secret the pipeline owns): the vhost
-/// the pipeline was last applied in.
-pub fn applied_vhost(existing: Option<&Secret>) -> Option<String> {
-    let url = url::Url::parse(&secret_value(existing?, URL_KEY)?).ok()?;
-    let encoded = url.path().strip_prefix('/')?;
-    (!encoded.is_empty()).then(|| {
-        percent_encoding::percent_decode_str(encoded)
-            .decode_utf8_lossy()
-            .into_owned()
-    })
 }
 
 /// A random password of letters and digits, from the operating system's generator.
@@ -251,33 +222,6 @@ mod tests {
             "true"
         );
         assert!(!format!("{creds:?}").contains("pw\""));
-    }
-
-    #[test]
-    fn a_managed_user_replaced_by_the_users_own_is_found() {
-        let p = pipeline();
-        let managed = managed_credentials("default", &p, None, || "pw".into());
-        let secret = desired_secret(&p, &managed, "amqp://x").unwrap();
-        let own = WorkerCredentials {
-            username: "shop-mailer".into(),
-            password: "theirs".into(),
-            managed: false,
-        };
-        assert_eq!(
-            replaced_managed_user(Some(&secret), &own).as_deref(),
-            Some("mailer-worker.default.prod.shop")
-        );
-        assert_eq!(replaced_managed_user(Some(&secret), &managed), None);
-        // The user of an earlier name (another cluster name, or the name before
-        // cluster names) is replaced by the one of the current name.
-        let renamed = managed_credentials("eu", &p, Some(&secret), || "pw2".into());
-        assert_eq!(
-            replaced_managed_user(Some(&secret), &renamed).as_deref(),
-            Some("mailer-worker.default.prod.shop")
-        );
-        let own_secret = desired_secret(&p, &own, "amqp://x").unwrap();
-        assert_eq!(replaced_managed_user(Some(&own_secret), &own), None);
-        assert_eq!(replaced_managed_user(None, &own), None);
     }
 
     #[test]

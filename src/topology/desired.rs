@@ -190,10 +190,15 @@ fn policy_for(queue: &str, definition: Value) -> Policy {
         unreachable!("policy definitions are built as JSON objects")
     };
     Policy {
-        name: format!("{POLICY_PREFIX}{queue}"),
+        name: policy_name(queue),
         pattern: exact_pattern(queue),
         definition,
     }
+}
+
+/// The name of the policy of `queue`.
+pub fn policy_name(queue: &str) -> String {
+    format!("{POLICY_PREFIX}{queue}")
 }
 
 /// A regular expression that matches exactly `name` and nothing else.

@@ -20,6 +20,7 @@ use super::TopologyError;
 use super::broker::BrokerCapabilities;
 use super::desired::{Binding, ExchangeKind, POLICY_PRIORITY};
 use super::diff::Change;
+use super::ownership::SharedMarkers;
 use super::snapshot::SharedSnapshots;
 use crate::redact::{MASK, credentials};
 
@@ -198,6 +199,10 @@ pub struct Management {
     pub(super) snapshots: Mutex<SharedSnapshots>,
     /// Held while definitions are read for [`shared_snapshot`](Self::shared_snapshot).
     pub(super) snapshot_read: tokio::sync::Mutex<()>,
+    /// Owner markers shared by work running at once ([`shared_markers`](Self::shared_markers)).
+    pub(super) markers: Mutex<SharedMarkers>,
+    /// Held while the markers are read for [`shared_markers`](Self::shared_markers).
+    pub(super) markers_read: tokio::sync::Mutex<()>,
 }
 
 impl Management {
@@ -225,6 +230,8 @@ impl Management {
             capabilities: Mutex::new(None),
             snapshots: Mutex::default(),
             snapshot_read: tokio::sync::Mutex::new(()),
+            markers: Mutex::default(),
+            markers_read: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -326,6 +333,51 @@ impl Management {
                 status: status_code,
                 reason: format!("its answer is not what RabbitMQ's management API sends: {e}"),
             })
+    }
+
+    /// PUTs `body` at `segments` below the API (each one percent-encoded) and returns the
+    /// answer's status, bypassing `rabbitmq_http_client` for the reason
+    /// [`get_json_unless_refused`](Self::get_json_unless_refused) says. Counted and
+    /// bounded as [`bounded_write`](Self::bounded_write); 401 and 403 are errors.
+    pub(super) async fn put_json(
+        &self,
+        segments: &[&str],
+        body: &serde_json::Value,
+        action: &str,
+    ) -> Result<u16, TopologyError> {
+        let mut url = self.endpoint.api.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.extend(segments);
+        }
+        let status = self
+            .bounded_write(async {
+                let response = self
+                    .http
+                    .put(url)
+                    .basic_auth(&self.endpoint.username, Some(&self.endpoint.password))
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.to_string())
+                    .send()
+                    .await?;
+                let status = response.status().as_u16();
+                // The body is read so the connection goes back to the pool.
+                let _ = response.bytes().await;
+                Ok::<_, reqwest::Error>(status)
+            })
+            .await
+            .map_err(|e| TopologyError::unreachable(&self.endpoint, &e))?;
+        match status {
+            401 => Err(TopologyError::Unauthorized {
+                endpoint: self.endpoint.to_string(),
+                user: self.endpoint.username.clone(),
+            }),
+            403 => Err(TopologyError::Forbidden {
+                endpoint: self.endpoint.to_string(),
+                user: self.endpoint.username.clone(),
+                action: action.to_string(),
+            }),
+            status => Ok(status),
+        }
     }
 
     pub(super) fn error(&self, action: &str, e: HttpClientError) -> TopologyError {

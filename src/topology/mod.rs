@@ -5,6 +5,7 @@
 //! of many may declare exchanges, queues and bindings over AMQP instead ([`declare`]).
 
 pub mod broker;
+pub mod claim_lock;
 pub mod declare;
 pub mod desired;
 pub mod diff;
@@ -26,8 +27,8 @@ pub use management::{
 };
 pub use observe::READS_PER_PIPELINE;
 pub use reconcile::{
-    DeleteReport, EmptinessCheck, apply, apply_all, apply_all_declaring, apply_shared, delete,
-    plan, plan_all,
+    DeleteReport, EmptinessCheck, Kept, Removal, Removed, apply, apply_all, apply_all_declaring,
+    apply_shared, delete, delete_named, plan, plan_all,
 };
 pub use snapshot::DEFINITIONS_FROM;
 pub use users::{Permissions, UserChange, UserGrant};

@@ -1,18 +1,35 @@
-//! Who owns a pipeline's objects in a broker: a marker per owned thing, kept in the
-//! broker itself as a global runtime parameter (`/api/global-parameters`), so every
-//! operator that shares the broker sees it, whatever cluster it runs in.
+//! Who owns what in a broker: a marker per claimed object, kept in the broker itself as a
+//! global runtime parameter (`/api/global-parameters`), so every operator that shares the
+//! broker sees it, whatever cluster it runs in, and no tenant can write it (global
+//! parameters take the administrator tag).
 //!
-//! A marker's value names the pipeline: the operator's cluster name, the pipeline's
-//! namespace, name and UID. RabbitMQ keeps global parameters in its schema database, so
-//! they survive restarts and are part of a definitions export.
+//! A pipeline claims each exchange and queue of its topology and the workers' user the
+//! operator makes for it ([`Claim`]); its policies and bindings are those of its queues
+//! and exchanges, so they need no claim of their own. A marker's value names the
+//! pipeline: the operator's cluster name, the pipeline's namespace, name and UID
+//! ([`Owner`]). RabbitMQ keeps global parameters in its schema database, so they survive
+//! restarts and are part of a definitions export. What a pipeline holds is the set of
+//! markers naming its UID ([`Markers::held_by`]): nothing a tenant can write says it.
+//!
+//! Claims are taken under a lock per claimed name ([`super::claim_lock`]), so two
+//! claims racing for one name (two pipelines, two controllers, two clusters) end with
+//! exactly one owner.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::PoisonError;
+use std::time::{Duration, Instant};
 
+use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use rabbitmq_http_client::requests::GlobalRuntimeParameterDefinition;
 use serde::{Deserialize, Serialize};
 
 use super::TopologyError;
 use super::management::Management;
+use crate::spec::TopologySpec;
+
+/// What every marker's name starts with.
+pub const MARKER_PREFIX: &str = "mailer-owner|";
 
 /// The pipeline that owns something in a broker.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -22,6 +39,31 @@ pub struct Owner {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+    /// Left behind on purpose (`deletionPolicy: Retain`, or a queue that still held mail
+    /// when its pipeline went): a later pipeline of the same cluster, namespace and name
+    /// may take it over; no other may.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retained: bool,
+}
+
+impl Owner {
+    /// Whether `self` may take what `other` marks: it is `other`, or `other` retained it
+    /// for a pipeline of the same cluster, namespace and name.
+    pub fn may_take(&self, other: &Owner) -> bool {
+        other.uid == self.uid
+            || (other.retained
+                && other.cluster == self.cluster
+                && other.namespace == self.namespace
+                && other.name == self.name)
+    }
+
+    /// The same owner, leaving what it marks for a later pipeline of its name.
+    pub fn retaining(&self) -> Owner {
+        Owner {
+            retained: true,
+            ..self.clone()
+        }
+    }
 }
 
 impl fmt::Display for Owner {
@@ -30,40 +72,255 @@ impl fmt::Display for Owner {
             f,
             "MailerPipeline {}/{} of cluster {:?} (uid {})",
             self.namespace, self.name, self.cluster, self.uid
-        )
+        )?;
+        if self.retained {
+            write!(f, ", retained after its deletion")?;
+        }
+        Ok(())
     }
 }
 
-/// The marker of a pipeline's topology: its send queue in its vhost names it (the
-/// other exchanges and queues hang off it).
-pub fn topology_marker(vhost: &str, queue: &str) -> String {
-    format!("mailer-owner|topology|{vhost}|{queue}")
+/// One thing a pipeline claims in a broker.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Claim {
+    Exchange {
+        vhost: String,
+        name: String,
+    },
+    Queue {
+        vhost: String,
+        name: String,
+    },
+    /// A user the operator made for the pipeline's workers.
+    User {
+        name: String,
+    },
 }
 
-/// The marker of a workers' user the operator made.
-pub fn user_marker(username: &str) -> String {
-    format!("mailer-owner|user|{username}")
+/// Characters escaped in a marker's parts, so that no two claims share a marker: the
+/// separator `|`, the escape `%` itself, and control characters.
+const MARKER_PART: &AsciiSet = &CONTROLS.add(b'|').add(b'%');
+
+fn part(text: &str) -> String {
+    utf8_percent_encode(text, MARKER_PART).to_string()
+}
+
+fn unpart(text: &str) -> Option<String> {
+    percent_decode_str(text)
+        .decode_utf8()
+        .ok()
+        .map(|s| s.into_owned())
+}
+
+impl Claim {
+    /// The name of the global parameter that marks this claim, e.g.
+    /// `mailer-owner|queue|shop|mail.send` or `mailer-owner|user|mailer-worker.default.prod.shop`.
+    pub fn marker(&self) -> String {
+        match self {
+            Self::Exchange { vhost, name } => {
+                format!("{MARKER_PREFIX}exchange|{}|{}", part(vhost), part(name))
+            }
+            Self::Queue { vhost, name } => {
+                format!("{MARKER_PREFIX}queue|{}|{}", part(vhost), part(name))
+            }
+            Self::User { name } => format!("{MARKER_PREFIX}user|{}", part(name)),
+        }
+    }
+
+    /// The claim `marker` marks; `None` for a name that is no claim's marker (the
+    /// topology markers of earlier versions included, see [`legacy_topology_marker`]).
+    pub fn of_marker(marker: &str) -> Option<Self> {
+        let rest = marker.strip_prefix(MARKER_PREFIX)?;
+        let parts: Vec<&str> = rest.split('|').collect();
+        match parts.as_slice() {
+            ["exchange", vhost, name] => Some(Self::Exchange {
+                vhost: unpart(vhost)?,
+                name: unpart(name)?,
+            }),
+            ["queue", vhost, name] => Some(Self::Queue {
+                vhost: unpart(vhost)?,
+                name: unpart(name)?,
+            }),
+            ["user", name] => Some(Self::User {
+                name: unpart(name)?,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The vhost of an exchange or queue.
+    pub fn vhost(&self) -> Option<&str> {
+        match self {
+            Self::Exchange { vhost, .. } | Self::Queue { vhost, .. } => Some(vhost),
+            Self::User { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for Claim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Exchange { vhost, name } => write!(f, "exchange {name:?} in vhost {vhost:?}"),
+            Self::Queue { vhost, name } => write!(f, "queue {name:?} in vhost {vhost:?}"),
+            Self::User { name } => write!(f, "user {name:?}"),
+        }
+    }
+}
+
+/// What the topology of `spec` in `vhost` claims: each of its exchanges and queues (the
+/// names [`Topology::desired`] gives them), whether or not the rest of the spec is valid.
+pub fn topology_claims(vhost: &str, spec: &TopologySpec) -> Vec<Claim> {
+    let exchanges = [&spec.exchange, &spec.retry_exchange, &spec.dead_exchange]
+        .into_iter()
+        .map(|name| Claim::Exchange {
+            vhost: vhost.to_string(),
+            name: name.clone(),
+        });
+    let queues = [&spec.queue, &spec.retry_queue, &spec.dead_queue]
+        .into_iter()
+        .map(|name| Claim::Queue {
+            vhost: vhost.to_string(),
+            name: name.clone(),
+        });
+    exchanges.chain(queues).collect()
+}
+
+/// The one marker of a whole topology that the operator's 0.1 releases wrote, named by
+/// its vhost and send queue. A topology so marked as a pipeline's is that pipeline's to
+/// claim, object by object, and the marker goes once it has.
+pub fn legacy_topology_marker(vhost: &str, queue: &str) -> String {
+    format!("{MARKER_PREFIX}topology|{vhost}|{queue}")
+}
+
+/// Every marker of a broker, by name.
+#[derive(Debug, Clone, Default)]
+pub struct Markers {
+    owners: BTreeMap<String, Owner>,
+}
+
+impl Markers {
+    /// Who `claim`'s marker names, if anyone.
+    pub fn owner(&self, claim: &Claim) -> Option<&Owner> {
+        self.owners.get(&claim.marker())
+    }
+
+    /// Who the marker named `marker` names, if anyone.
+    pub fn owner_of_marker(&self, marker: &str) -> Option<&Owner> {
+        self.owners.get(marker)
+    }
+
+    /// Every claim whose marker names the pipeline of `uid` and that it has not left
+    /// behind ([`Owner::retained`]).
+    pub fn held_by(&self, uid: &str) -> BTreeSet<Claim> {
+        self.owners
+            .iter()
+            .filter(|(_, owner)| owner.uid == uid && !owner.retained)
+            .filter_map(|(marker, _)| Claim::of_marker(marker))
+            .collect()
+    }
+
+    /// Markers as read from a list of global parameters: those whose name starts with
+    /// [`MARKER_PREFIX`]. A marker whose value does not read as an owner (written by
+    /// hand) names an owner no pipeline is.
+    fn from_parameters(parameters: Vec<GlobalParameter>) -> Self {
+        let owners = parameters
+            .into_iter()
+            .filter(|p| p.name.starts_with(MARKER_PREFIX))
+            .map(|p| {
+                let owner = read_owner(&p.name, p.value);
+                (p.name, owner)
+            })
+            .collect();
+        Self { owners }
+    }
+}
+
+/// A global parameter as the management API lists it.
+#[derive(Deserialize)]
+struct GlobalParameter {
+    name: String,
+    #[serde(default)]
+    value: serde_json::Value,
+}
+
+fn read_owner(marker: &str, value: serde_json::Value) -> Owner {
+    serde_json::from_value(value).unwrap_or_else(|_| Owner {
+        cluster: "?".into(),
+        namespace: "?".into(),
+        name: format!("(global parameter {marker:?}, written by someone else)"),
+        uid: "?".into(),
+        retained: false,
+    })
+}
+
+/// Markers read once and shared by the work of a client for a while (see
+/// [`Management::shared_markers`]).
+#[derive(Default)]
+pub(super) struct SharedMarkers {
+    read: Option<(Instant, Markers)>,
 }
 
 impl Management {
-    /// The owner `marker` names, if it exists. A marker that does not read as an owner
-    /// (written by hand) is someone else's.
+    /// Every marker in the broker, read now: one request, whatever the number of markers.
+    pub async fn markers(&self) -> Result<Markers, TopologyError> {
+        let listed: Option<Vec<GlobalParameter>> = self
+            .get_json_unless_refused(&["global-parameters"], "list the global parameters")
+            .await?;
+        match listed {
+            Some(parameters) => Ok(Markers::from_parameters(parameters)),
+            None => Err(TopologyError::Forbidden {
+                endpoint: self.endpoint().to_string(),
+                user: self.endpoint().username.clone(),
+                action: "list the global parameters (the owner markers)".into(),
+            }),
+        }
+    }
+
+    /// The markers as read at most `max_age` ago, else read now. Only what reads as this
+    /// pipeline's own may be decided on them: a marker of its own is removed by no one
+    /// but its owner, so it is still there; a claim is always decided on markers read
+    /// under its lock ([`owner`](Self::owner)). A marker written or removed through this
+    /// client makes the next call read again.
+    pub async fn shared_markers(&self, max_age: Duration) -> Result<Markers, TopologyError> {
+        let fresh = || {
+            self.markers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .read
+                .as_ref()
+                .filter(|(at, _)| at.elapsed() < max_age)
+                .map(|(_, markers)| markers.clone())
+        };
+        if let Some(markers) = fresh() {
+            return Ok(markers);
+        }
+        // Work starting together (every pipeline, after a restart) shares one read.
+        let _reading = self.markers_read.lock().await;
+        if let Some(markers) = fresh() {
+            return Ok(markers);
+        }
+        let markers = self.markers().await?;
+        self.markers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .read = Some((Instant::now(), markers.clone()));
+        Ok(markers)
+    }
+
+    fn markers_changed(&self) {
+        self.markers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .read = None;
+    }
+
+    /// The owner `marker` names, read now, if it exists.
     pub async fn owner(&self, marker: &str) -> Result<Option<Owner>, TopologyError> {
         match self
             .read(self.api.get_global_runtime_parameter(marker))
             .await
         {
-            Ok(parameter) => {
-                let value: serde_json::Value = parameter.value.into();
-                Ok(Some(serde_json::from_value(value).unwrap_or_else(|_| {
-                    Owner {
-                        cluster: "?".into(),
-                        namespace: "?".into(),
-                        name: format!("(global parameter {marker:?}, written by someone else)"),
-                        uid: "?".into(),
-                    }
-                })))
-            }
+            Ok(parameter) => Ok(Some(read_owner(marker, parameter.value.into()))),
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(self.error(&format!("read global parameter {marker:?}"), e)),
         }
@@ -79,13 +336,20 @@ impl Management {
             name: marker,
             value,
         };
+        self.markers_changed();
         self.bounded_write(self.api.upsert_global_runtime_parameter(&parameter))
             .await
             .map_err(|e| self.error(&format!("write global parameter {marker:?}"), e))
     }
 
+    /// Writes the marker of `claim` naming `owner`.
+    pub async fn set_owner_of(&self, claim: &Claim, owner: &Owner) -> Result<(), TopologyError> {
+        self.set_owner(&claim.marker(), owner).await
+    }
+
     /// Removes `marker`; `false` when it was not there.
     pub async fn clear_owner(&self, marker: &str) -> Result<bool, TopologyError> {
+        self.markers_changed();
         match self
             .bounded_write(self.api.clear_global_runtime_parameter(marker))
             .await
@@ -95,28 +359,188 @@ impl Management {
             Err(e) => Err(self.error(&format!("remove global parameter {marker:?}"), e)),
         }
     }
+
+    /// Whether what `claim` names exists in the broker now.
+    pub async fn claimed_exists(&self, claim: &Claim) -> Result<bool, TopologyError> {
+        let found = match claim {
+            Claim::Exchange { vhost, name } => self
+                .read(self.api.get_exchange_info(vhost, name))
+                .await
+                .map(|_| ()),
+            Claim::Queue { vhost, name } => self
+                .read(self.api.get_queue_info(vhost, name))
+                .await
+                .map(|_| ()),
+            Claim::User { name } => self.read(self.api.get_user(name)).await.map(|_| ()),
+        };
+        match found {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(self.error(&format!("read {claim}"), e)),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::TopologySpec;
+    use crate::topology::BrokerCapabilities;
 
-    #[test]
-    fn markers_name_what_they_mark_and_owners_read_well() {
-        assert_eq!(
-            topology_marker("shop", "mail.send"),
-            "mailer-owner|topology|shop|mail.send"
-        );
-        assert_eq!(user_marker("u"), "mailer-owner|user|u");
-        let owner = Owner {
+    fn owner(uid: &str) -> Owner {
+        Owner {
             cluster: "eu".into(),
             namespace: "prod".into(),
             name: "shop".into(),
-            uid: "1".into(),
-        };
+            uid: uid.into(),
+            retained: false,
+        }
+    }
+
+    #[test]
+    fn markers_name_what_they_mark_and_read_back() {
+        let claims = [
+            Claim::Queue {
+                vhost: "shop".into(),
+                name: "mail.send".into(),
+            },
+            Claim::Exchange {
+                vhost: "/".into(),
+                name: "mail".into(),
+            },
+            Claim::User {
+                name: "mailer-worker.default.prod.shop".into(),
+            },
+        ];
+        assert_eq!(claims[0].marker(), "mailer-owner|queue|shop|mail.send");
+        assert_eq!(claims[1].marker(), "mailer-owner|exchange|/|mail");
+        // The user marker of the 0.1 releases, unchanged.
         assert_eq!(
-            owner.to_string(),
-            "MailerPipeline prod/shop of cluster \"eu\" (uid 1)"
+            claims[2].marker(),
+            "mailer-owner|user|mailer-worker.default.prod.shop"
+        );
+        for claim in &claims {
+            assert_eq!(Claim::of_marker(&claim.marker()).as_ref(), Some(claim));
+        }
+        assert_eq!(Claim::of_marker(&legacy_topology_marker("shop", "q")), None);
+        assert_eq!(Claim::of_marker("cluster_name"), None);
+    }
+
+    #[test]
+    fn no_two_claims_share_a_marker_whatever_their_names_hold() {
+        // Without escaping, both would be mailer-owner|exchange|a|queue|b.
+        let one = Claim::Exchange {
+            vhost: "a|queue".into(),
+            name: "b".into(),
+        };
+        let other = Claim::Exchange {
+            vhost: "a".into(),
+            name: "queue|b".into(),
+        };
+        assert_ne!(one.marker(), other.marker());
+        assert_eq!(Claim::of_marker(&one.marker()), Some(one.clone()));
+        assert_eq!(Claim::of_marker(&other.marker()), Some(other));
+        let percent = Claim::Queue {
+            vhost: "%7C".into(),
+            name: "x".into(),
+        };
+        assert_eq!(Claim::of_marker(&percent.marker()), Some(percent));
+    }
+
+    #[test]
+    fn a_topology_claims_each_exchange_and_queue_it_declares() {
+        let spec = TopologySpec {
+            queue: "orders.send".into(),
+            dead_exchange: "orders.dead".into(),
+            ..TopologySpec::default()
+        };
+        let topology =
+            crate::topology::Topology::desired("shop", &spec, BrokerCapabilities::RABBITMQ_4)
+                .unwrap();
+        let mut declared: Vec<Claim> = topology
+            .exchanges
+            .iter()
+            .map(|e| Claim::Exchange {
+                vhost: "shop".into(),
+                name: e.name.clone(),
+            })
+            .chain(topology.queues.iter().map(|q| Claim::Queue {
+                vhost: "shop".into(),
+                name: q.name.clone(),
+            }))
+            .collect();
+        let mut claimed = topology_claims("shop", &spec);
+        declared.sort();
+        claimed.sort();
+        assert_eq!(claimed, declared);
+        assert_eq!(claimed.len(), 6);
+    }
+
+    #[test]
+    fn what_a_pipeline_holds_is_what_names_its_uid() {
+        let parameters = vec![
+            GlobalParameter {
+                name: "mailer-owner|queue|shop|mail.send".into(),
+                value: serde_json::to_value(owner("1")).unwrap(),
+            },
+            GlobalParameter {
+                name: "mailer-owner|queue|shop|other".into(),
+                value: serde_json::to_value(owner("2")).unwrap(),
+            },
+            GlobalParameter {
+                name: "mailer-owner|user|u".into(),
+                value: serde_json::to_value(owner("1").retaining()).unwrap(),
+            },
+            GlobalParameter {
+                name: "mailer-owner|queue|shop|by-hand".into(),
+                value: serde_json::json!("mine"),
+            },
+            GlobalParameter {
+                name: "cluster_name".into(),
+                value: serde_json::json!("rabbit@host"),
+            },
+        ];
+        let markers = Markers::from_parameters(parameters);
+        let held: Vec<String> = markers.held_by("1").iter().map(|c| c.marker()).collect();
+        // The user it retained is no longer held.
+        assert_eq!(held, ["mailer-owner|queue|shop|mail.send"]);
+        let by_hand = Claim::Queue {
+            vhost: "shop".into(),
+            name: "by-hand".into(),
+        };
+        assert!(
+            markers
+                .owner(&by_hand)
+                .unwrap()
+                .name
+                .contains("written by someone else"),
+            "a marker that is no owner is someone else's"
+        );
+        assert!(markers.owner_of_marker("cluster_name").is_none());
+    }
+
+    #[test]
+    fn only_the_owner_or_its_successor_of_the_same_name_may_take_a_claim() {
+        let me = owner("1");
+        assert!(me.may_take(&owner("1")));
+        assert!(
+            !me.may_take(&owner("2")),
+            "another pipeline's, not retained"
+        );
+        assert!(me.may_take(&owner("2").retaining()), "retained for my name");
+        let elsewhere = Owner {
+            namespace: "staging".into(),
+            ..owner("2").retaining()
+        };
+        assert!(!me.may_take(&elsewhere), "retained for another namespace");
+        let other_cluster = Owner {
+            cluster: "us".into(),
+            ..owner("2").retaining()
+        };
+        assert!(!me.may_take(&other_cluster));
+        assert_eq!(
+            owner("1").retaining().to_string(),
+            "MailerPipeline prod/shop of cluster \"eu\" (uid 1), retained after its deletion"
         );
     }
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use futures::future::{join_all, try_join_all};
 
 use super::declare::AmqpDeclarer;
-use super::desired::Policy;
+use super::desired::{Binding, Policy};
 use super::diff::{self, Change, Observed};
 use super::import::POLICY_IMPORT_FROM;
 use super::live::{LiveLoad, LiveQueues};
@@ -319,9 +319,68 @@ async fn write_one(
 /// What a delete did, and what it left and why.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct DeleteReport {
-    pub removed: Vec<String>,
-    /// Objects left in place, each with why.
-    pub kept: Vec<String>,
+    pub removed: Vec<Removed>,
+    /// What was left in place, each with why.
+    pub kept: Vec<Kept>,
+}
+
+/// One object a delete removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Removed {
+    Binding(Binding),
+    Exchange(String),
+    Queue(String),
+    Policy(String),
+}
+
+impl fmt::Display for Removed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Binding(b) => write!(f, "binding {} -> {}", b.exchange, b.queue),
+            Self::Exchange(name) => write!(f, "exchange {name}"),
+            Self::Queue(name) => write!(f, "queue {name}"),
+            Self::Policy(name) => write!(f, "policy {name}"),
+        }
+    }
+}
+
+/// What a delete left in place, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kept {
+    /// `deletionPolicy: Retain` keeps everything.
+    Retained { vhost: String },
+    /// The vhost does not exist: there was nothing to remove.
+    VhostGone { vhost: String },
+    /// The broker could not be reached: whatever is left stays.
+    Unreachable { vhost: String, error: String },
+    /// A queue that holds messages, or whose messages could not be counted.
+    Queue { name: String, why: String },
+    /// The policy of a queue kept, which the mail kept still needs.
+    PolicyOfKeptQueue { name: String },
+}
+
+impl Kept {
+    /// Whether this was meant to go but is still there: not a vhost that is gone, nor
+    /// what `Retain` keeps on purpose.
+    pub fn is_left_over(&self) -> bool {
+        !matches!(self, Self::Retained { .. } | Self::VhostGone { .. })
+    }
+}
+
+impl fmt::Display for Kept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Retained { vhost } => {
+                write!(f, "everything in vhost {vhost:?} (deletionPolicy Retain)")
+            }
+            Self::VhostGone { vhost } => write!(f, "nothing: vhost {vhost:?} does not exist"),
+            Self::Unreachable { vhost, error } => {
+                write!(f, "whatever is left in vhost {vhost:?}: {error}")
+            }
+            Self::Queue { name, why } => write!(f, "queue {name}: {why}"),
+            Self::PolicyOfKeptQueue { name } => write!(f, "policy {name}: its queue is kept"),
+        }
+    }
 }
 
 impl fmt::Display for DeleteReport {
@@ -345,22 +404,23 @@ pub enum EmptinessCheck<'a> {
 }
 
 /// Removes what `policy` says to remove. `Retain` removes nothing. `Delete` removes the
-/// bindings, exchanges, empty queues and policies of the pipeline; a queue that holds
-/// messages is kept unless forced. A broker that cannot be reached or a vhost that is
-/// gone is not an error: there is nothing more this can remove, and the report says so.
+/// bindings, exchanges, empty queues and policies of the pipeline (the policy of a queue
+/// kept stays with it); a queue that holds messages is kept unless forced. A broker that
+/// cannot be reached or a vhost that is gone is not an error: there is nothing more this
+/// can remove, and the report says so.
 pub async fn delete(
     management: &Management,
     topology: &Topology,
     policy: DeletionPolicy,
     emptiness: EmptinessCheck<'_>,
 ) -> Result<DeleteReport, TopologyError> {
-    let mut report = DeleteReport::default();
     if policy == DeletionPolicy::Retain {
-        report.kept.push(format!(
-            "everything in vhost {:?} (deletionPolicy Retain)",
-            topology.vhost
-        ));
-        return Ok(report);
+        return Ok(DeleteReport {
+            removed: Vec::new(),
+            kept: vec![Kept::Retained {
+                vhost: topology.vhost.clone(),
+            }],
+        });
     }
     let vhost = &topology.vhost;
     let read = async {
@@ -369,79 +429,160 @@ pub async fn delete(
     };
     let observed = match read.await {
         Ok(observed) => observed,
-        Err(e @ TopologyError::Unreachable { .. }) => {
-            report
-                .kept
-                .push(format!("whatever is left in vhost {vhost:?}: {e}"));
-            return Ok(report);
-        }
+        Err(e @ TopologyError::Unreachable { .. }) => return Ok(unreachable(vhost, &e)),
         Err(e) => return Err(e),
     };
     if !observed.vhost_exists {
-        report
-            .kept
-            .push(format!("nothing: vhost {vhost:?} does not exist"));
-        return Ok(report);
+        return Ok(vhost_gone(vhost));
     }
-
-    // Bindings and exchanges first, so no new request arrives while queues are checked.
-    for binding in topology
-        .bindings
-        .iter()
-        .filter(|b| observed.bindings.contains(b))
-    {
-        management.delete_binding(vhost, binding).await?;
-        report
-            .removed
-            .push(format!("binding {} -> {}", binding.exchange, binding.queue));
-    }
-    for exchange in &topology.exchanges {
-        let ours = observed
+    // Only what is there, and of the kind the topology declares.
+    let removal = Removal {
+        vhost: vhost.clone(),
+        bindings: topology
+            .bindings
+            .iter()
+            .filter(|b| observed.bindings.contains(b))
+            .cloned()
+            .collect(),
+        exchanges: topology
             .exchanges
             .iter()
-            .any(|e| e.name == exchange.name && e.kind == exchange.kind.as_str());
-        if ours {
-            management.delete_exchange(vhost, &exchange.name).await?;
-            report.removed.push(format!("exchange {}", exchange.name));
-        }
+            .filter(|exchange| {
+                observed
+                    .exchanges
+                    .iter()
+                    .any(|e| e.name == exchange.name && e.kind == exchange.kind.as_str())
+            })
+            .map(|e| e.name.clone())
+            .collect(),
+        queues: topology
+            .queues
+            .iter()
+            .filter(|queue| {
+                observed
+                    .queues
+                    .iter()
+                    .any(|q| q.name == queue.name && q.queue_type == "quorum")
+            })
+            .map(|q| q.name.clone())
+            .collect(),
+        policies: topology
+            .policies
+            .iter()
+            .filter(|policy| observed.policies.iter().any(|p| p.name == policy.name))
+            .map(|p| p.name.clone())
+            .collect(),
+    };
+    remove(management, &removal, emptiness).await
+}
+
+/// Named objects of one vhost to remove: what [`delete`] found of a topology, or what a
+/// pipeline's owner markers prove its own ([`delete_named`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Removal {
+    pub vhost: String,
+    pub bindings: Vec<Binding>,
+    pub exchanges: Vec<String>,
+    pub queues: Vec<String>,
+    /// Policies by name; the policy of a queue that is kept (it holds mail) stays with
+    /// it, so the mail kept keeps its dead-lettering and limits.
+    pub policies: Vec<String>,
+}
+
+/// Removes `removal`'s objects that exist (each queue only when it holds nothing, unless
+/// forced), with the same report as [`delete`].
+pub async fn delete_named(
+    management: &Management,
+    removal: &Removal,
+    emptiness: EmptinessCheck<'_>,
+) -> Result<DeleteReport, TopologyError> {
+    match management.vhost_exists(&removal.vhost).await {
+        Ok(true) => remove(management, removal, emptiness).await,
+        Ok(false) => Ok(vhost_gone(&removal.vhost)),
+        Err(e @ TopologyError::Unreachable { .. }) => Ok(unreachable(&removal.vhost, &e)),
+        Err(e) => Err(e),
+    }
+}
+
+fn vhost_gone(vhost: &str) -> DeleteReport {
+    DeleteReport {
+        removed: Vec::new(),
+        kept: vec![Kept::VhostGone {
+            vhost: vhost.to_string(),
+        }],
+    }
+}
+
+fn unreachable(vhost: &str, e: &TopologyError) -> DeleteReport {
+    DeleteReport {
+        removed: Vec::new(),
+        kept: vec![Kept::Unreachable {
+            vhost: vhost.to_string(),
+            error: e.to_string(),
+        }],
+    }
+}
+
+async fn remove(
+    management: &Management,
+    removal: &Removal,
+    emptiness: EmptinessCheck<'_>,
+) -> Result<DeleteReport, TopologyError> {
+    let mut report = DeleteReport::default();
+    let vhost = &removal.vhost;
+    // Bindings and exchanges first, so no new request arrives while queues are checked.
+    for binding in &removal.bindings {
+        management.delete_binding(vhost, binding).await?;
+        report.removed.push(Removed::Binding(binding.clone()));
+    }
+    for exchange in &removal.exchanges {
+        management.delete_exchange(vhost, exchange).await?;
+        report.removed.push(Removed::Exchange(exchange.clone()));
     }
 
     let live = match emptiness {
         EmptinessCheck::Live(amqp_url) => Some(LiveQueues::connect(amqp_url).await),
         EmptinessCheck::Force => None,
     };
-    for queue in &topology.queues {
-        let ours = observed
-            .queues
-            .iter()
-            .any(|q| q.name == queue.name && q.queue_type == "quorum");
-        if !ours {
-            continue;
-        }
+    let mut kept_queues = Vec::new();
+    for queue in &removal.queues {
         let verdict = match &live {
             None => Ok(()),
             Some(Err(e)) => Err(format!(
                 "its messages could not be counted ({e}); use --force to delete it anyway"
             )),
-            Some(Ok(live)) => holds_nothing(management, live, vhost, &queue.name).await,
+            Some(Ok(live)) => holds_nothing(management, live, vhost, queue).await,
         };
         match verdict {
             Ok(()) => {
-                management.delete_queue(vhost, &queue.name).await?;
-                report.removed.push(format!("queue {}", queue.name));
+                management.delete_queue(vhost, queue).await?;
+                report.removed.push(Removed::Queue(queue.clone()));
             }
-            Err(why) => report.kept.push(format!("queue {}: {why}", queue.name)),
+            Err(why) => {
+                report.kept.push(Kept::Queue {
+                    name: queue.clone(),
+                    why,
+                });
+                kept_queues.push(queue);
+            }
         }
     }
     if let Some(Ok(live)) = live {
         live.close().await;
     }
 
-    for policy in &topology.policies {
-        if observed.policies.iter().any(|p| p.name == policy.name) {
-            management.delete_policy(vhost, &policy.name).await?;
-            report.removed.push(format!("policy {}", policy.name));
+    for policy in &removal.policies {
+        let of_kept_queue = kept_queues
+            .iter()
+            .any(|queue| *policy == super::desired::policy_name(queue));
+        if of_kept_queue {
+            report.kept.push(Kept::PolicyOfKeptQueue {
+                name: policy.clone(),
+            });
+            continue;
         }
+        management.delete_policy(vhost, policy).await?;
+        report.removed.push(Removed::Policy(policy.clone()));
     }
     Ok(report)
 }

@@ -43,7 +43,8 @@ impl Drop for UserCleanup {
             runtime.block_on(async {
                 for user in users {
                     let _ = raw_api().delete_user(&user, true).await;
-                    let marker = mailer::topology::ownership::user_marker(&user);
+                    let marker =
+                        mailer::topology::ownership::Claim::User { name: user.clone() }.marker();
                     let _ = raw_api().clear_global_runtime_parameter(&marker).await;
                 }
             });

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::broker::{CLOSED_MANAGEMENT_URL, secret_uri};
 use super::harness::*;
-use super::support::broker::TestVhost;
+use super::support::broker::{TestVhost, raw_api};
 
 #[tokio::test]
 async fn deletion_completes_when_the_broker_its_secret_or_its_cluster_is_gone() {
@@ -198,9 +198,16 @@ async fn a_cluster_ref_finds_the_management_api_through_the_clusters_service() {
 async fn deleting_a_pipeline_whose_vhost_is_gone_is_a_clean_deletion() {
     let h = harness();
     connection_secret(&h, &secret_uri());
-    let vhost = TestVhost::fresh("controller-never-made");
-    let spec = json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}}, "topology": {"deletionPolicy": "Delete"}});
+    let vhost = TestVhost::fresh("controller-gone");
+    let spec = json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}}, "topology": {"deletionPolicy": "Delete"}, "worker": {"userSecret": {"name": "own-user"}}});
+    h.seed_secret("own-user", &[("username", "guest"), ("password", "guest")]);
     h.seed_pipeline("shop", spec, true);
+    h.reconcile("shop").await.0.expect("applied");
+    // Someone removes the whole vhost.
+    raw_api()
+        .delete_vhost(&vhost.name, false)
+        .await
+        .expect("vhost removed");
     h.mark_deleted("shop");
     let (result, requests) = h.reconcile("shop").await;
     assert_eq!(result.unwrap(), Action::await_change());

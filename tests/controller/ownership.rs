@@ -13,13 +13,21 @@ use super::broker::{UserCleanup, secret_uri, unique};
 use super::harness::*;
 use super::support::broker::{TestVhost, raw_api};
 
+/// What the event of a deleted pipeline that held nothing in the broker says.
+const NOTHING_HELD: &str = "nothing in RabbitMQ was this pipeline's";
+
 fn spec(vhost: &str) -> Value {
     json!({"rabbitmq": {"vhost": vhost, "connectionSecret": {"name": "conn"}},
            "topology": {"deletionPolicy": "Delete"}})
 }
 
+/// The owner marker of the send queue `mail.send` in `vhost`.
 fn marker(vhost: &str) -> String {
-    mailer::topology::ownership::topology_marker(vhost, "mail.send")
+    mailer::topology::ownership::Claim::Queue {
+        vhost: vhost.into(),
+        name: "mail.send".into(),
+    }
+    .marker()
 }
 
 async fn owner_in_broker(vhost: &str) -> Value {
@@ -56,7 +64,10 @@ async fn of_two_pipelines_on_one_queue_in_a_namespace_the_newer_is_refused_befor
 
     // The newer one goes first, and is refused before it writes anything.
     let (result, requests) = h.reconcile(&newer).await;
-    assert_refused(&result, &[&format!("{NS}/{older} is older"), "mail.send"]);
+    assert_refused(
+        &result,
+        &[&format!("{NS}/{older} is older"), "exchange \"mail\""],
+    );
     assert!(
         writes(&requests)
             .iter()
@@ -87,10 +98,7 @@ async fn of_two_pipelines_on_one_queue_in_a_namespace_the_newer_is_refused_befor
     let (result, requests) = h.reconcile(&newer).await;
     result.unwrap();
     let published = events(&requests);
-    assert!(
-        published[0].2.contains("kept the topology"),
-        "{published:?}"
-    );
+    assert!(published[0].2.contains(NOTHING_HELD), "{published:?}");
     raw_api()
         .get_queue_info(&test_vhost.name, "mail.send")
         .await
@@ -182,7 +190,7 @@ async fn clusters_sharing_a_broker_keep_their_own_users_and_the_second_is_refuse
     let (result, requests) = west.reconcile(&name).await;
     result.unwrap();
     let published = events(&requests);
-    assert!(published[0].2.contains("cluster \"east\""), "{published:?}");
+    assert!(published[0].2.contains(NOTHING_HELD), "{published:?}");
     raw_api()
         .get_queue_info(&test_vhost.name, "mail.send")
         .await
@@ -206,7 +214,7 @@ async fn clusters_sharing_a_broker_keep_their_own_users_and_the_second_is_refuse
 }
 
 #[tokio::test]
-async fn a_vhost_change_leaves_the_old_topology_when_another_pipeline_owns_it() {
+async fn a_vhost_change_leaves_what_another_pipeline_owns_in_the_old_vhost() {
     let h = harness();
     let name = unique("move");
     let (old, new) = (
@@ -217,12 +225,13 @@ async fn a_vhost_change_leaves_the_old_topology_when_another_pipeline_owns_it() 
     connection_secret(&h, &secret_uri());
     h.seed_pipeline(&name, spec(&old.name), true);
     h.reconcile(&name).await.0.unwrap();
-    // Meanwhile the old vhost's topology has become another pipeline's.
+    // Meanwhile the old vhost's send queue has become another pipeline's.
     let other = mailer::topology::ownership::Owner {
         cluster: "default".into(),
         namespace: "staging".into(),
         name: "shop".into(),
         uid: "uid-of-another-pipeline".into(),
+        retained: false,
     };
     super::support::broker::management()
         .set_owner(&marker(&old.name), &other)
@@ -233,11 +242,15 @@ async fn a_vhost_change_leaves_the_old_topology_when_another_pipeline_owns_it() 
     object["spec"]["rabbitmq"]["vhost"] = json!(new.name);
     h.fake.put(&pipeline_path(&name), object);
     h.reconcile(&name).await.0.unwrap();
-    for queue in ["mail.send", "mail.send.retry", "mail.send.dead"] {
-        raw_api()
-            .get_queue_info(&old.name, queue)
-            .await
-            .unwrap_or_else(|_| panic!("{queue} of the other pipeline removed from the old vhost"));
+    raw_api()
+        .get_queue_info(&old.name, "mail.send")
+        .await
+        .expect("the other pipeline's queue stays in the old vhost");
+    for queue in ["mail.send.retry", "mail.send.dead"] {
+        assert!(
+            raw_api().get_queue_info(&old.name, queue).await.is_err(),
+            "{queue}, this pipeline's own, goes with its vhost change"
+        );
     }
     assert_eq!(
         owner_in_broker(&old.name).await["uid"],

@@ -18,11 +18,12 @@ use crate::support::broker::{TestVhost, management_host};
 
 /// Requests to the management API of one pipeline in sync whose workers' user is given
 /// (`spec.worker.userSecret`), with queue depths read on every reconcile: whether the
-/// operator may use the vhost (its permissions), the topology's owner marker, and the
-/// depths of its 3 queues. The topology is read from the vhost's definitions, read once
-/// for the pipelines of a vhost reconciled within 10 s; the broker's version once a
-/// minute per broker (by each reconcile that finds none read, at start).
-const MANAGEMENT_REQUESTS_PER_PIPELINE: usize = 5;
+/// operator may use the vhost (its permissions) and the depths of its 3 queues. The
+/// topology is read from the vhost's definitions, read once for the pipelines of a vhost
+/// reconciled within 10 s, and so are the owner markers of the whole broker; the
+/// broker's version once a minute per broker (by each reconcile that finds none read,
+/// at start).
+const MANAGEMENT_REQUESTS_PER_PIPELINE: usize = 4;
 
 /// Requests to the API server of one pipeline in sync: the Secrets it names (connection,
 /// workers' user). Its Deployment and worker Secret come from the watch caches.
@@ -116,16 +117,22 @@ async fn after_a_restart_pipelines_in_sync_cost_a_constant_and_write_nothing() {
         .map(|r| format!("{} {}", r.method, r.path))
         .collect();
     assert!(broker.iter().all(|r| !r.is_write()), "{paths:#?}");
-    // The vhost's definitions once for all its pipelines; the broker's version at most
+    // The vhost's definitions and the broker's owner markers once for all its pipelines;
+    // the broker's version at most
     // once per reconcile running at the start (then once a minute).
     let definitions = broker
         .iter()
         .filter(|r| r.path.starts_with("definitions/"))
         .count();
     let versions = broker.iter().filter(|r| r.path == "overview").count();
+    let markers = broker
+        .iter()
+        .filter(|r| r.path == "global-parameters")
+        .count();
     assert_eq!(definitions, 1, "{paths:#?}");
+    assert_eq!(markers, 1, "{paths:#?}");
     assert!(versions <= PIPELINES, "{paths:#?}");
-    let shared_reads = definitions + versions;
+    let shared_reads = definitions + markers + versions;
     assert_eq!(
         broker.len() - shared_reads,
         PIPELINES * MANAGEMENT_REQUESTS_PER_PIPELINE,

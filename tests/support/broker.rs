@@ -170,15 +170,17 @@ impl TestVhost {
                 .expect("runtime");
             runtime.block_on(async {
                 let api = raw_api();
-                // The operator's owner markers of the vhost's topology are global
+                // The operator's owner markers of the vhost's objects are global
                 // parameters (see mailer::topology::ownership): they go with it.
-                let marker = format!("mailer-owner|topology|{name}|");
+                let legacy = format!("mailer-owner|topology|{name}|");
                 for parameter in api
                     .list_global_runtime_parameters()
                     .await
                     .unwrap_or_default()
                 {
-                    if parameter.name.starts_with(&marker) {
+                    let of_vhost = mailer::topology::ownership::Claim::of_marker(&parameter.name)
+                        .is_some_and(|claim| claim.vhost() == Some(name.as_str()));
+                    if of_vhost || parameter.name.starts_with(&legacy) {
                         let _ = api.clear_global_runtime_parameter(&parameter.name).await;
                     }
                 }
