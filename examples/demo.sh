@@ -9,6 +9,8 @@
 # default to guest/guest on localhost. A local broker that is stopped is started, and
 # its management plugin enabled (as root); without one, the demo says how to install it.
 # MAILER names a mailer binary to use instead of building target/release/mailer.
+# Each step waits for what a user sees (the outbox, the worker's metrics, `mailer dead`),
+# never for a log line: RUST_LOG can hide any of those.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,7 +35,17 @@ wait_for() { # seconds, then a command that must succeed
   done
 }
 eml_for() { grep -l "Message-ID: <$1@" "$outbox"/*.eml; }
+# Prints the worker's series that contain $1, e.g. 'mailer_worker_deliveries_total{'.
 metric() { curl -fsS "http://$http/metrics" | grep -F "$1"; }
+# Whether the worker's series named exactly $1 has reached $2.
+metric_reaches() {
+  local value
+  value=$(curl -fsS "http://$http/metrics" | awk -v series="$1" '$1 == series { print $2 }') || return 1
+  [[ -n $value ]] && ((${value%.*} >= $2))
+}
+parked='mailer_worker_deliveries_total{outcome="parked"}'
+sent='mailer_worker_deliveries_total{outcome="sent"}'
+dead_malformed='mailer_worker_dead_letters_total{reason="malformed"}'
 
 # host and port of a URL such as amqp://user:pass@host:5672/vhost
 host_of() { local rest=${1#*://}; rest=${rest%%/*}; rest=${rest##*@}; echo "${rest%:*}"; }
@@ -156,22 +168,24 @@ step "2. a mail that fails for now: the outbox is away, so it is parked in mail.
 mv "$outbox" "$outbox.away"
 send --message-id receipt-bob --from 'Shop <noreply@shop.example>' --to bob@example.com \
   --subject 'Your receipt' --text 'Order 42: paid.'
-wait_for 10 grep -q 'parked' "$work/worker.log"
-grep 'parked' "$work/worker.log" | tail -1
-metric 'outcome="parked"'
+wait_for 10 metric_reaches "$parked" 1
+echo "parked, as the worker's metrics count it:"
+metric "$parked"
 mv "$outbox.away" "$outbox"
 echo "the outbox is back; the retry delay is 3s"
 wait_for 20 eml_for receipt-bob
-echo "delivered on its second attempt: $(eml_for receipt-bob)"
+wait_for 10 metric_reaches "$sent" 2
+echo "delivered by its retry: $(eml_for receipt-bob)"
+metric 'mailer_worker_deliveries_total{'
 
 step "3. a malformed request (a line break in its subject): dead-lettered to mail.send.dead"
 printf '%s' '{"from":"shop@shop.example","to":["carol@example.com"],"subject":"Hi\r\nBcc: all@example.com","text":"x"}' >"$work/bad.json"
 send --message-id sneaky-carol --json "$work/bad.json"
-wait_for 10 grep -q 'dead-lettered' "$work/worker.log"
+wait_for 10 metric_reaches "$dead_malformed" 1
+metric 'mailer_worker_dead_letters_total{'
 dead() { "$mailer" dead "$@" -f examples/demo-pipeline.yaml --amqp-url "$amqp"; }
 dead list
 dead show sneaky-carol
-metric 'mailer_worker_dead_letters_total{'
 
 step "4. what to do with it: mailer dead replay (a dry run here), purge (without --yes: nothing removed)"
 dead replay --reason malformed --dry-run
