@@ -1,14 +1,21 @@
-//! `make demo` (examples/demo.sh) on a machine that is not ready for it, without
-//! touching the shared broker: fake `rabbitmq-server`, `systemctl` and `rabbitmq-plugins`
-//! come first on PATH and start stand-ins for the broker's ports
-//! (tests/operations/fake_broker.py) on ports nothing else uses.
+//! `make demo` (examples/demo.sh): end to end against the real broker, in a vhost of
+//! its own, checked by what a user sees (the outbox, the worker's metrics, `mailer
+//! dead`); and on a machine that is not ready for it, without touching the shared
+//! broker: fake `rabbitmq-server`, `systemctl` and `rabbitmq-plugins` come first on PATH
+//! and start stand-ins for the broker's ports (tests/operations/fake_broker.py) on ports
+//! nothing else uses.
 
+use std::collections::BTreeMap;
+use std::io::Read;
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::root;
+use crate::support::broker::{TestVhost, amqp_base, management_url, raw_api};
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -215,4 +222,232 @@ fn without_a_broker_the_demo_prints_how_to_install_one() {
         "{stderr}"
     );
     assert!(fakes.calls().is_empty());
+}
+
+/// The work directory the demo is told to create (DEMO_WORK_DIR), removed when dropped.
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("mailer-demo-work-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Self(dir)
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `command` in a process group of its own for at most `within`; past it, the whole
+/// group (the script and the worker it started) is killed and the test fails with what
+/// the script printed.
+fn output_within(mut command: Command, within: Duration) -> Output {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("examples/demo.sh starts");
+    let read_all = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = read_all(Box::new(child.stdout.take().expect("stdout")));
+    let stderr = read_all(Box::new(child.stderr.take().expect("stderr")));
+    let deadline = Instant::now() + within;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for examples/demo.sh") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", child.id())])
+                .status();
+            let _ = child.wait();
+            let stdout = stdout.join().unwrap_or_default();
+            let stderr = stderr.join().unwrap_or_default();
+            panic!(
+                "examples/demo.sh did not finish within {within:?}:\n{}\n{}",
+                String::from_utf8_lossy(&stdout),
+                String::from_utf8_lossy(&stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    Output {
+        status,
+        stdout: stdout.join().expect("stdout read"),
+        stderr: stderr.join().expect("stderr read"),
+    }
+}
+
+/// The mails in `outbox`, by their Message-ID header.
+fn mails_in(outbox: &Path) -> BTreeMap<String, String> {
+    std::fs::read_dir(outbox)
+        .unwrap_or_else(|e| panic!("the outbox {}: {e}", outbox.display()))
+        .map(|entry| entry.expect("outbox entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "eml"))
+        .map(|path| {
+            let mail = std::fs::read_to_string(&path).expect("an .eml file");
+            let id = header(&mail, "Message-ID")
+                .unwrap_or_else(|| panic!("{} has no Message-ID:\n{mail}", path.display()));
+            (id, mail)
+        })
+        .collect()
+}
+
+/// A header of a mail, as written (the demo's are one line each).
+fn header(mail: &str, name: &str) -> Option<String> {
+    mail.lines()
+        .map(|line| line.trim_end_matches('\r'))
+        .take_while(|line| !line.is_empty())
+        .find_map(|line| {
+            let (field, value) = line.split_once(':')?;
+            field
+                .eq_ignore_ascii_case(name)
+                .then(|| value.trim().to_string())
+        })
+}
+
+/// Whether the broker has the vhost `name`, read from its management API.
+fn vhost_exists(name: &str) -> bool {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        raw_api()
+            .list_vhosts()
+            .await
+            .expect("list the broker's vhosts")
+            .iter()
+            .any(|vhost| vhost.name == name)
+    })
+}
+
+/// Where `needle` first is in `haystack`, failing the test when it is not there.
+fn position(haystack: &str, needle: &str) -> usize {
+    haystack
+        .find(needle)
+        .unwrap_or_else(|| panic!("the demo did not print {needle:?}:\n{haystack}"))
+}
+
+#[test]
+fn the_demo_delivers_a_mail_retries_a_parked_one_and_dead_letters_a_malformed_one() {
+    // A vhost of its own (deleted when the test ends, however it ends), so it never meets
+    // a person's `make demo` in mailer-demo or another run of this test.
+    let vhost = TestVhost::fresh("demo");
+    let work = WorkDir::new();
+    let mut command = Command::new(root().join("examples/demo.sh"));
+    command
+        .env("MAILER", env!("CARGO_BIN_EXE_mailer"))
+        .env("RABBITMQ_MANAGEMENT_URL", management_url())
+        .env("MAIL_AMQP_URL", amqp_base())
+        .env("DEMO_VHOST", &vhost.name)
+        .env("DEMO_WORK_DIR", &work.0)
+        .env("DEMO_HTTP_ADDR", format!("127.0.0.1:{}", free_port()))
+        // What a user sees does not depend on the log level: no worker log line at all
+        // below error.
+        .env("RUST_LOG", "error");
+    let started = Instant::now();
+    let output = output_within(command, Duration::from_secs(180));
+    let (stdout, stderr) = text(&output);
+    eprintln!("examples/demo.sh took {:.1?}", started.elapsed());
+    assert!(
+        output.status.success(),
+        "examples/demo.sh: {}\n{stdout}\n{stderr}",
+        output.status
+    );
+    assert!(!stderr.contains("timed out"), "{stderr}");
+    assert!(
+        stdout.contains(&format!("(vhost {:?}): topology applied", vhost.name)),
+        "the demo runs in the vhost DEMO_VHOST names:\n{stdout}"
+    );
+
+    // The outbox the demo names holds the two mails that were to be delivered, and only
+    // those.
+    let outbox = work.0.join("outbox");
+    position(
+        &stdout,
+        &format!(
+            "done: the mails are in {}; stopping the worker and removing the demo vhost {}",
+            outbox.display(),
+            vhost.name
+        ),
+    );
+    let mails = mails_in(&outbox);
+    assert_eq!(
+        mails.keys().collect::<Vec<_>>(),
+        ["<receipt-bob@shop.example>", "<welcome-alice@shop.example>"],
+        "{mails:#?}"
+    );
+    let welcome = &mails["<welcome-alice@shop.example>"];
+    assert_eq!(
+        header(welcome, "Subject").as_deref(),
+        Some("Welcome, Alice")
+    );
+    assert_eq!(header(welcome, "To").as_deref(), Some("alice@example.com"));
+    let receipt = &mails["<receipt-bob@shop.example>"];
+    assert_eq!(header(receipt, "Subject").as_deref(), Some("Your receipt"));
+    assert_eq!(header(receipt, "To").as_deref(), Some("bob@example.com"));
+
+    // The receipt was parked once, as the worker's metrics count it, before its retry
+    // delivered it; both mails count as sent.
+    let parked = position(
+        &stdout,
+        "\nmailer_worker_deliveries_total{outcome=\"parked\"} 1\n",
+    );
+    let delivered = position(
+        &stdout,
+        &format!(
+            "delivered by its retry: {}",
+            outbox.join("receipt-bob@shop.example.eml").display()
+        ),
+    );
+    assert!(parked < delivered, "parked before delivered:\n{stdout}");
+    let sent = position(
+        &stdout,
+        "\nmailer_worker_deliveries_total{outcome=\"sent\"} 2\n",
+    );
+    assert!(delivered < sent, "{stdout}");
+
+    // The malformed request is dead-lettered, counted, and `mailer dead list` and `show`
+    // say so.
+    let dead_counted = position(
+        &stdout,
+        "\nmailer_worker_dead_letters_total{reason=\"malformed\"} 1\n",
+    );
+    let listed = stdout
+        .lines()
+        .filter(|line| line.split_whitespace().next() == Some("sneaky-carol"))
+        .collect::<Vec<_>>();
+    assert!(
+        listed.len() == 1 && listed[0].split_whitespace().nth(1) == Some("malformed"),
+        "mailer dead list shows sneaky-carol as malformed:\n{stdout}"
+    );
+    assert!(dead_counted < position(&stdout, listed[0]), "{stdout}");
+    position(
+        &stdout,
+        "message id: sneaky-carol\nreason: malformed (by the worker)\n",
+    );
+    position(
+        &stdout,
+        "error: malformed request: subject contains a line break\n",
+    );
+    position(&stdout, "would replay sneaky-carol (malformed)\n");
+    position(&stdout, "would remove sneaky-carol (malformed)\n");
+
+    // The demo removed its vhost itself.
+    assert!(
+        !vhost_exists(&vhost.name),
+        "the demo left its vhost {} behind",
+        vhost.name
+    );
 }
