@@ -11,9 +11,11 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
 use super::context::Context;
+use super::converge::unchanged_spec;
 use super::deployment::SECRETS_HASH_ANNOTATION;
 use super::desired::Desired;
 use super::error::Error;
+use super::in_use;
 use super::ownership::{Claimed, owner_of};
 use super::resolve::Resolved;
 use super::retire::retire;
@@ -56,6 +58,16 @@ pub async fn apply(
     let vhost = &desired.topology.vhost;
     let mut user_changes = Vec::new();
     let mut left_behind = Vec::new();
+    // Before anything is made in the broker: what cleans it up needs this Secret.
+    let connection_secret = valid.broker.broker.connection_secret.as_ref();
+    if let Some(meta) = connection_secret {
+        in_use::hold(client, valid.pipeline, meta).await?;
+    }
+    if !unchanged_spec(valid.pipeline) {
+        // The spec may name another connection Secret than before.
+        let keep = connection_secret.and_then(|meta| meta.name.as_deref());
+        in_use::release_all_but(client, valid.pipeline, keep).await?;
+    }
     if management.ensure_own_grant(vhost).await? {
         user_changes.push(UserChange::SetPermissions {
             user: management.endpoint().username.clone(),

@@ -22,9 +22,11 @@ use super::connection;
 use super::context::Context;
 use super::deployment::deployment_name;
 use super::error::Error;
+use super::in_use;
 use super::ownership::owner_of;
 use super::reasons::event;
 use super::retire::retire;
+use super::tenancy::cleanup_use;
 use super::worker_user;
 use crate::spec::MailerPipeline;
 use crate::topology;
@@ -51,6 +53,8 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
         Some(_) => true,
         None => false,
     };
+    // The Secrets this cleanup needed may go now.
+    in_use::release_all_but(&ctx.client, pipeline, None).await?;
     let regarding = pipeline.object_ref(&());
     let mut note = Vec::new();
     if !report.removed.is_empty() {
@@ -137,7 +141,8 @@ async fn remove_from_rabbitmq(
     };
     let spec = &pipeline.spec;
     let me = owner_of(&ctx.settings.cluster_name, pipeline);
-    let broker = match connection::resolve(&ctx.client, pipeline).await {
+    let purpose = cleanup_use(pipeline);
+    let broker = match connection::resolve_for(&ctx.client, pipeline, purpose).await {
         Ok(broker) => broker,
         Err(e @ Error::Kube { .. }) if e.is_transient() => return Err(e),
         Err(e) => {

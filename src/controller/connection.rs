@@ -3,6 +3,7 @@
 //! Service's management port).
 
 use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
@@ -18,6 +19,9 @@ use crate::topology::live::AmqpAddress;
 /// The broker a pipeline uses and the operator's credentials for it.
 #[derive(Debug, Clone)]
 pub struct Broker {
+    /// The metadata of the pipeline's connection Secret (`spec.rabbitmq.connectionSecret`,
+    /// in its own namespace), which its cleanup needs: see [`super::in_use`].
+    pub connection_secret: Option<ObjectMeta>,
     /// The management API, with the operator's credentials.
     pub endpoint: ManagementEndpoint,
     /// The management API's URL without credentials, e.g. `http://rabbitmq.shop.svc:15672`.
@@ -39,8 +43,27 @@ impl Broker {
 /// when the management API is https).
 pub const AMQP_URI_KEY: &str = "amqpUri";
 
-/// Resolves the broker of `pipeline` through the Kubernetes API.
+/// Whether a cluster of another namespace must allow the pipeline's namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// To apply the pipeline: the cluster must allow its namespace.
+    Apply,
+    /// To take away what the operator gave the pipeline there (its namespace is no
+    /// longer allowed): the cluster's credentials are used by the operator alone.
+    Revoke,
+}
+
+/// Resolves the broker of `pipeline` through the Kubernetes API, to apply it.
 pub async fn resolve(client: &Client, pipeline: &MailerPipeline) -> Result<Broker, Error> {
+    resolve_for(client, pipeline, Use::Apply).await
+}
+
+/// Resolves the broker of `pipeline` for `purpose`.
+pub async fn resolve_for(
+    client: &Client,
+    pipeline: &MailerPipeline,
+    purpose: Use,
+) -> Result<Broker, Error> {
     let namespace = pipeline
         .namespace()
         .ok_or(Error::IncompleteObject("namespace"))?;
@@ -52,6 +75,7 @@ pub async fn resolve(client: &Client, pipeline: &MailerPipeline) -> Result<Broke
         let value = |key: &str| required_key(&secret, &namespace, key, wanted);
         let url = value("uri")?;
         let mut broker = broker(&url, &value("username")?, &value("password")?)?;
+        broker.connection_secret = Some(secret.metadata.clone());
         if let Some(uri) = secret_value(&secret, AMQP_URI_KEY).filter(|v| !v.trim().is_empty()) {
             broker.amqp =
                 AmqpAddress::parse(&uri).map_err(|problem| Error::InvalidSecretValue {
@@ -81,18 +105,32 @@ pub async fn resolve(client: &Client, pipeline: &MailerPipeline) -> Result<Broke
         &cluster_namespace,
         &rabbitmq_cluster_resource(),
     );
-    let cluster = clusters
+    let found = clusters
         .get_opt(&cluster_ref.name)
         .await
-        .map_err(|e| Error::kube("read the RabbitmqCluster", e))?
-        .ok_or_else(|| {
-            cluster_error(
+        .map_err(|e| Error::kube("read the RabbitmqCluster", e))?;
+    let elsewhere = cluster_namespace != namespace;
+    let not_allowed = || Error::NotAllowed {
+        cluster_namespace: cluster_namespace.clone(),
+        cluster: cluster_ref.name.clone(),
+        namespace: namespace.clone(),
+    };
+    let cluster = match found {
+        Some(cluster) => cluster,
+        // A tenant learns nothing of other namespaces: a cluster there that does not
+        // exist gets the same answer as one that does not allow it.
+        None if elsewhere => return Err(not_allowed()),
+        None => {
+            return Err(cluster_error(
                 "does not exist; create it with RabbitMQ's cluster-operator, or fix spec.rabbitmq.clusterRef"
                     .into(),
-            )
-        })?;
+            ));
+        }
+    };
     // Before anything of the cluster is read: its Secret is an administrator's.
-    check_allowed(&cluster, &cluster_namespace, &namespace)?;
+    if purpose == Use::Apply {
+        check_allowed(&cluster, &cluster_namespace, &namespace)?;
+    }
     let names = ClusterNames::of(&cluster);
     let services: Api<Service> = Api::namespaced(client.clone(), &cluster_namespace);
     let service = services
@@ -118,6 +156,7 @@ pub async fn resolve(client: &Client, pipeline: &MailerPipeline) -> Result<Broke
 fn broker(url: &str, username: &str, password: &str) -> Result<Broker, Error> {
     let endpoint = ManagementEndpoint::with_credentials(url, username, password)?;
     Ok(Broker {
+        connection_secret: None,
         amqp: AmqpAddress::beside(&endpoint),
         endpoint,
         management_url: url.to_string(),

@@ -16,6 +16,7 @@ pub mod converge;
 pub mod deployment;
 pub mod desired;
 pub mod error;
+pub mod in_use;
 pub mod index;
 pub mod leader;
 pub mod leadership;

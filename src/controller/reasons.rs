@@ -52,6 +52,8 @@ pub mod event {
     pub const DEAD_LETTERS_GREW: &str = "DeadLettersGrew";
     pub const CLEANED_UP: &str = "CleanedUp";
     pub const CLEANUP_INCOMPLETE: &str = "CleanupIncomplete";
+    /// The workers' users of a pipeline its RabbitmqCluster no longer allows were removed.
+    pub const ACCESS_REVOKED: &str = "AccessRevoked";
     /// The prefix of a failure's event; the condition's reason follows it.
     pub const RECONCILE_FAILED_PREFIX: &str = "ReconcileFailed";
 }

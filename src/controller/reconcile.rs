@@ -9,6 +9,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::Api;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
 use kube::{Resource, ResourceExt};
 
@@ -17,7 +18,9 @@ use super::context::Context;
 use super::converge::converge;
 use super::deployment::deployment_name;
 use super::error::Error;
+use super::reasons::event;
 use super::report::report;
+use super::tenancy::revoke;
 use super::unreadable;
 use crate::spec::MailerPipeline;
 
@@ -121,6 +124,35 @@ async fn apply(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action, Error
         .read(&ctx.client, &namespace, &worker_deployment)
         .await?;
     let outcome = converge(ctx, pipeline, live.clone()).await;
+    if let Err(Error::NotAllowed { .. }) = &outcome {
+        revoke_access(pipeline, ctx).await;
+    }
     report(pipeline, ctx, &outcome, live.as_ref()).await?;
     outcome.map(|_| Action::requeue(ctx.resync_after(&resync_key(pipeline))))
+}
+
+/// A pipeline whose namespace its cluster no longer allows loses the workers' users the
+/// operator made there. What fails is logged and tried again at the next reconcile; the
+/// pipeline is told `NotAllowed` either way, and an event names the users removed.
+async fn revoke_access(pipeline: &MailerPipeline, ctx: &Context) {
+    match revoke(ctx, pipeline).await {
+        Ok(users) if users.is_empty() => {}
+        Ok(users) => {
+            tracing::info!(users = ?users, "removed the workers' users of a pipeline its cluster no longer allows");
+            ctx.publish(
+                &pipeline.object_ref(&()),
+                EventType::Warning,
+                event::ACCESS_REVOKED,
+                "Revoke",
+                format!(
+                    "removed the workers' RabbitMQ user {}: the cluster no longer allows this namespace",
+                    users.join(", ")
+                ),
+            )
+            .await;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "could not remove the workers' users of a pipeline its cluster no longer allows; trying again at the next reconcile");
+        }
+    }
 }

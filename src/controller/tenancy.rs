@@ -6,10 +6,23 @@
 //! purpose: `rabbitmq.com/topology-allowed-namespaces`, a comma-separated list of
 //! namespaces, or `*` for every namespace. A cluster in the pipeline's own namespace is
 //! always allowed.
+//!
+//! Allowing is not for ever: when a namespace leaves the annotation, its pipelines'
+//! workers' users that the operator made in that cluster are removed ([`revoke`]), so
+//! their access ends with the permission, while what the pipelines hold otherwise stays
+//! theirs (the mail in their queues included).
+
+use std::collections::BTreeSet;
 
 use kube::api::DynamicObject;
 
+use super::connection::{self, Use};
+use super::context::Context;
 use super::error::Error;
+use super::ownership::owner_of;
+use super::retire::retire;
+use crate::spec::MailerPipeline;
+use crate::topology::ownership::Claim;
 
 /// The annotation on a RabbitmqCluster that lists the namespaces whose pipelines may
 /// use it.
@@ -39,6 +52,57 @@ pub fn check_allowed(
             cluster: cluster.metadata.name.clone().unwrap_or_default(),
             namespace: pipeline_namespace.to_string(),
         })
+    }
+}
+
+/// Removes the workers' users the operator made for `pipeline` in the broker of its
+/// `clusterRef`, which no longer allows the pipeline's namespace; returns their names.
+/// The cluster's credentials serve the operator alone here: nothing read reaches the
+/// pipeline's status or events (the caller reports `NotAllowed` whatever this finds).
+pub async fn revoke(ctx: &Context, pipeline: &MailerPipeline) -> Result<Vec<String>, Error> {
+    if pipeline.spec.rabbitmq.cluster_ref.is_none() || !was_applied(pipeline) {
+        return Ok(Vec::new());
+    }
+    let broker = match connection::resolve_for(&ctx.client, pipeline, Use::Revoke).await {
+        Ok(broker) => broker,
+        // No such cluster: nothing there to revoke.
+        Err(Error::NotAllowed { .. }) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let management = ctx.brokers.get(&broker.endpoint)?;
+    let me = owner_of(&ctx.settings.cluster_name, pipeline);
+    let users: BTreeSet<Claim> = management
+        .markers()
+        .await?
+        .held_by(&me.uid)
+        .into_iter()
+        .filter(|claim| matches!(claim, Claim::User { .. }))
+        .collect();
+    if users.is_empty() {
+        return Ok(Vec::new());
+    }
+    let policy = pipeline.spec.topology.deletion_policy;
+    let retired = retire(&management, &broker, &me, &users, policy).await?;
+    Ok(retired.users_removed)
+}
+
+/// Whether the operator ever applied `pipeline`, as its status (which only the operator
+/// writes) says: a pipeline never applied holds nothing anywhere, so nothing of a cluster
+/// that does not allow it is read for it, not even to look.
+pub fn was_applied(pipeline: &MailerPipeline) -> bool {
+    pipeline
+        .status
+        .as_ref()
+        .is_some_and(|s| s.applied_generation.is_some() || s.worker_user.is_some())
+}
+
+/// How a pipeline's cleanup finds its broker: one the operator applied may clean up in a
+/// cluster that no longer allows its namespace, removing only what it holds there.
+pub fn cleanup_use(pipeline: &MailerPipeline) -> Use {
+    if was_applied(pipeline) {
+        Use::Revoke
+    } else {
+        Use::Apply
     }
 }
 

@@ -197,6 +197,7 @@ mod tests {
             crate::topology::ManagementEndpoint::with_credentials("http://rmq:15672", "admin", "a")
                 .unwrap();
         let broker = Broker {
+            connection_secret: None,
             amqp: crate::topology::live::AmqpAddress::beside(&endpoint),
             endpoint,
             management_url: "http://rmq:15672".into(),

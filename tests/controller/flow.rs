@@ -55,12 +55,25 @@ async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
     assert_eq!(
         writes(&requests),
         [
+            format!("PATCH {}", secret_path("conn")),
             format!("PATCH {}", secret_path(&worker_secret)),
             format!("PATCH {}", deployment_path(&worker_deployment)),
             format!("PATCH {status_path}"),
             format!("POST {EVENTS_PATH}"),
         ]
     );
+    // The connection Secret, which the cleanup needs, is held before anything is made.
+    let hold = write_to(&requests, "PATCH", &secret_path("conn"));
+    assert_eq!(hold.content_type, "application/merge-patch+json");
+    let conn = h
+        .fake
+        .get(&secret_path("conn"))
+        .expect("the connection Secret");
+    assert_eq!(
+        conn["metadata"]["finalizers"],
+        json!([format!("mailer.dev/in-use-{uid}")])
+    );
+    assert_eq!(conn["metadata"]["labels"]["mailer.dev/in-use"], "true");
     for path in [
         secret_path(&worker_secret),
         deployment_path(&worker_deployment),
@@ -288,6 +301,16 @@ async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
         removal.body,
         json!([{"op": "test", "path": "/metadata/finalizers/0", "value": FINALIZER},
                {"op": "remove", "path": "/metadata/finalizers/0"}])
+    );
+    // The connection Secret is let go of once the cleanup no longer needs it.
+    let conn = h
+        .fake
+        .get(&secret_path("conn"))
+        .expect("the connection Secret");
+    assert_eq!(conn["metadata"]["finalizers"], json!([]), "{conn}");
+    assert!(
+        conn["metadata"]["labels"]["mailer.dev/in-use"].is_null(),
+        "{conn}"
     );
     assert!(
         admin.get_user(&user).await.is_err(),

@@ -1,0 +1,222 @@
+//! The connection Secret a pipeline's cleanup needs, held while the pipeline exists.
+//!
+//! Deleting a namespace deletes its pipelines and their connection Secret at once; a
+//! pipeline whose Secret went first could not reach its broker to remove its workers'
+//! user and topology. So a pipeline holds its connection Secret with a finalizer of its
+//! own, `mailer.dev/in-use-<uid>` (one per pipeline, so no pipeline waits for another's
+//! to let go), added before anything is made in the broker and removed once its cleanup
+//! is done. The label `mailer.dev/in-use` finds the Secrets held, to let go of one the
+//! pipeline no longer names. Only a Secret of the pipeline's own namespace is held: a
+//! RabbitmqCluster's default user belongs to the cluster's owner.
+//!
+//! The tenant may remove the finalizer (it may write its Secrets): the next reconcile
+//! adds it again, and a Secret deleted meanwhile leaves a cleanup that says what it could
+//! not remove. It protects the tenant's own cleanup, not anyone else's objects.
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+use super::error::Error;
+use crate::spec::MailerPipeline;
+
+/// The label on every Secret a pipeline holds.
+pub const IN_USE_LABEL: &str = "mailer.dev/in-use";
+/// What every pipeline's finalizer on a Secret starts with.
+const FINALIZER_PREFIX: &str = "mailer.dev/in-use-";
+
+/// The finalizer `pipeline` holds a Secret with.
+pub fn finalizer(pipeline: &MailerPipeline) -> String {
+    format!("{FINALIZER_PREFIX}{}", pipeline.uid().unwrap_or_default())
+}
+
+/// The merge patch that adds `finalizer` (and the label) to a Secret with `meta`; `None`
+/// when it holds both, or when it is being deleted (no finalizer may be added then). It
+/// carries the `resourceVersion` read, so a Secret changed since is not overwritten (the
+/// API server answers 409, and the reconcile is tried again).
+pub fn hold_patch(meta: &ObjectMeta, finalizer: &str) -> Option<Value> {
+    if meta.deletion_timestamp.is_some() {
+        return None;
+    }
+    let mut finalizers = meta.finalizers.clone().unwrap_or_default();
+    let has_finalizer = finalizers.iter().any(|f| f == finalizer);
+    let has_label = meta
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(IN_USE_LABEL));
+    if has_finalizer && has_label {
+        return None;
+    }
+    if !has_finalizer {
+        finalizers.push(finalizer.to_string());
+    }
+    Some(json!({"metadata": {
+        "resourceVersion": meta.resource_version,
+        "finalizers": finalizers,
+        "labels": {IN_USE_LABEL: "true"},
+    }}))
+}
+
+/// The merge patch that removes `finalizer` from a Secret with `meta` (and the label,
+/// when no other pipeline holds it); `None` when it does not hold it.
+pub fn release_patch(meta: &ObjectMeta, finalizer: &str) -> Option<Value> {
+    let finalizers = meta.finalizers.as_deref().unwrap_or_default();
+    if !finalizers.iter().any(|f| f == finalizer) {
+        return None;
+    }
+    let remaining: Vec<&String> = finalizers.iter().filter(|f| *f != finalizer).collect();
+    let others_hold = remaining.iter().any(|f| f.starts_with(FINALIZER_PREFIX));
+    let mut patch = json!({"metadata": {
+        "resourceVersion": meta.resource_version,
+        "finalizers": remaining,
+    }});
+    if !others_hold {
+        patch["metadata"]["labels"] = json!({IN_USE_LABEL: null});
+    }
+    Some(patch)
+}
+
+/// How often holding a Secret is tried when other pipelines hold it at the same moment.
+const HOLD_TRIES: usize = 5;
+
+/// Holds the Secret of `meta` (as read) for `pipeline`; `true` when it wrote. Pipelines
+/// sharing a Secret hold it at once after a restart: a write that lost the race to
+/// another (409) reads the Secret again and tries again.
+pub async fn hold(
+    client: &Client,
+    pipeline: &MailerPipeline,
+    meta: &ObjectMeta,
+) -> Result<bool, Error> {
+    let finalizer = finalizer(pipeline);
+    let mut meta = meta.clone();
+    for _ in 1..HOLD_TRIES {
+        let Some(patch) = hold_patch(&meta, &finalizer) else {
+            return Ok(false);
+        };
+        match patch_secret(client, &meta, &patch, "hold").await {
+            Err(Error::Kube {
+                source: kube::Error::Api(status),
+                ..
+            }) if status.code == 409 => meta = read_meta(client, &meta).await?,
+            written => return written.map(|()| true),
+        }
+    }
+    let Some(patch) = hold_patch(&meta, &finalizer) else {
+        return Ok(false);
+    };
+    patch_secret(client, &meta, &patch, "hold").await?;
+    Ok(true)
+}
+
+async fn read_meta(client: &Client, meta: &ObjectMeta) -> Result<ObjectMeta, Error> {
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    let name = meta.name.clone().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    secrets
+        .get_metadata(&name)
+        .await
+        .map(|secret| secret.metadata)
+        .map_err(|e| Error::kube(format!("read Secret {namespace}/{name}"), e))
+}
+
+/// Lets go of every Secret of the pipeline's namespace it holds but the one named
+/// `keep`; returns the names of those let go.
+pub async fn release_all_but(
+    client: &Client,
+    pipeline: &MailerPipeline,
+    keep: Option<&str>,
+) -> Result<Vec<String>, Error> {
+    let namespace = pipeline
+        .namespace()
+        .ok_or(Error::IncompleteObject("namespace"))?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let held = secrets
+        .list_metadata(&ListParams::default().labels(IN_USE_LABEL))
+        .await
+        .map_err(|e| Error::kube("list the Secrets held by pipelines", e))?;
+    let finalizer = finalizer(pipeline);
+    let mut released = Vec::new();
+    for secret in held.items {
+        let name = secret.name_any();
+        if keep == Some(name.as_str()) {
+            continue;
+        }
+        if let Some(patch) = release_patch(&secret.metadata, &finalizer) {
+            patch_secret(client, &secret.metadata, &patch, "let go of").await?;
+            released.push(name);
+        }
+    }
+    Ok(released)
+}
+
+async fn patch_secret(
+    client: &Client,
+    meta: &ObjectMeta,
+    patch: &Value,
+    verb: &str,
+) -> Result<(), Error> {
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    let name = meta.name.clone().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    secrets
+        .patch_metadata(&name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map_err(|e| Error::kube(format!("{verb} Secret {namespace}/{name}"), e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(finalizers: Option<&[&str]>, labelled: bool) -> ObjectMeta {
+        ObjectMeta {
+            name: Some("conn".into()),
+            namespace: Some("prod".into()),
+            resource_version: Some("7".into()),
+            finalizers: finalizers.map(|f| f.iter().map(|s| s.to_string()).collect()),
+            labels: labelled.then(|| [(IN_USE_LABEL.to_string(), "true".to_string())].into()),
+            ..ObjectMeta::default()
+        }
+    }
+
+    const MINE: &str = "mailer.dev/in-use-uid-1";
+    const THEIRS: &str = "mailer.dev/in-use-uid-2";
+
+    #[test]
+    fn holding_adds_the_finalizer_once_keeping_everyone_elses() {
+        let patch = hold_patch(&meta(Some(&["example.com/keep"]), false), MINE).unwrap();
+        assert_eq!(
+            patch,
+            json!({"metadata": {"resourceVersion": "7",
+                                "finalizers": ["example.com/keep", MINE],
+                                "labels": {IN_USE_LABEL: "true"}}})
+        );
+        assert_eq!(hold_patch(&meta(Some(&[MINE]), true), MINE), None);
+        // A label removed by hand is put back.
+        assert!(hold_patch(&meta(Some(&[MINE]), false), MINE).is_some());
+        let mut deleting = meta(None, false);
+        deleting.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        assert_eq!(hold_patch(&deleting, MINE), None);
+    }
+
+    #[test]
+    fn letting_go_keeps_the_label_while_another_pipeline_holds_the_secret() {
+        let shared = release_patch(&meta(Some(&[THEIRS, MINE]), true), MINE).unwrap();
+        assert_eq!(
+            shared,
+            json!({"metadata": {"resourceVersion": "7", "finalizers": [THEIRS]}})
+        );
+        let last = release_patch(&meta(Some(&["example.com/keep", MINE]), true), MINE).unwrap();
+        assert_eq!(
+            last,
+            json!({"metadata": {"resourceVersion": "7", "finalizers": ["example.com/keep"],
+                                "labels": {IN_USE_LABEL: null}}})
+        );
+        assert_eq!(release_patch(&meta(Some(&[THEIRS]), true), MINE), None);
+    }
+}
