@@ -32,6 +32,9 @@ local needs_a_person = {
   Unreadable = true,             -- a MailerPipeline newer than the operator
   NotAllowed = true,             -- a clusterRef to another namespace, not allowed there
   AutoscalingUnavailable = true, -- autoscaling asked for, KEDA not installed
+  QueueNotEmpty = true,          -- a rename or vhost change would strand mail
+  PolicyShadowed = true,         -- another policy applies to a queue instead of ours
+  CleanupIncomplete = true,      -- a deleted pipeline left something in RabbitMQ
 }
 
 local function condition(conditions, wanted)

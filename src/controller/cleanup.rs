@@ -14,18 +14,22 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
+use serde_json::json;
 
+use super::autoscaling::Autoscaling;
 use super::connection;
 use super::context::Context;
 use super::deployment::deployment_name;
 use super::error::Error;
 use super::in_use;
 use super::ownership::owner_of;
-use super::reasons::event;
+use super::reasons::{self, event};
 use super::retire::retire;
+use super::status::{Findings, TopologyOutcome, desired_status};
 use super::tenancy::cleanup_use;
 use super::worker_user;
 use crate::spec::MailerPipeline;
@@ -76,10 +80,17 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
         )
         .await;
     } else {
-        note.push(format!(
+        let left = format!(
             "NOT cleaned up (remove by hand if unwanted): {}",
             report.not_cleaned_up.join("; ")
-        ));
+        );
+        ctx.metrics.orphaned(
+            &pipeline.namespace().unwrap_or_default(),
+            report.not_cleaned_up.len(),
+        );
+        // On the pipeline too, for whoever watches it go.
+        report_left_behind(pipeline, ctx, &left).await?;
+        note.push(left);
         if gave_up {
             note.push(format!(
                 "gave up {} after the deletion (--cleanup-deadline)",
@@ -106,6 +117,44 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
         ],
     );
     Ok(Action::await_change())
+}
+
+/// Writes `TopologyReady` and `Ready` False with the reason `CleanupIncomplete` and what
+/// was left behind, before the finalizer goes.
+async fn report_left_behind(
+    pipeline: &MailerPipeline,
+    ctx: &Context,
+    left: &str,
+) -> Result<(), Error> {
+    let previous = pipeline.status.as_ref();
+    let deployment_name = deployment_name(pipeline);
+    let findings = Findings {
+        generation: pipeline.metadata.generation,
+        applied_generation: previous.and_then(|s| s.applied_generation),
+        topology: TopologyOutcome::Failed {
+            reason: reasons::CLEANUP_INCOMPLETE.to_string(),
+            message: left.to_string(),
+        },
+        deployment: None,
+        desired_workers: 0,
+        autoscaling: Autoscaling::Off,
+        deployment_name: &deployment_name,
+        queues: None,
+        worker_user: previous.and_then(|s| s.worker_user.clone()),
+    };
+    let status = desired_status(previous, &findings, Timestamp::now());
+    let api: Api<MailerPipeline> = Api::namespaced(
+        ctx.client.clone(),
+        &pipeline.namespace().unwrap_or_default(),
+    );
+    api.patch_status(
+        &pipeline.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&json!({ "status": status })),
+    )
+    .await
+    .map_err(|e| Error::kube("write the status", e))?;
+    Ok(())
 }
 
 /// Whether `pipeline` was marked for deletion less than `deadline` ago.

@@ -68,7 +68,14 @@ pub struct Metrics {
     drift_repairs: Family<PipelineLabels, Counter>,
     rabbitmq_writes: Family<PipelineLabels, Counter>,
     pipeline_ready: Family<PipelineLabels, Gauge>,
+    orphaned_objects: Family<NamespaceLabels, Counter>,
     leader: Gauge,
+}
+
+/// The namespace of a pipeline that is gone.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabels {
+    namespace: String,
 }
 
 impl Metrics {
@@ -81,6 +88,7 @@ impl Metrics {
             drift_repairs: Family::default(),
             rabbitmq_writes: Family::default(),
             pipeline_ready: Family::default(),
+            orphaned_objects: Family::default(),
             leader: Gauge::default(),
         };
         let registry = registry.sub_registry_with_prefix("mailer_controller");
@@ -113,6 +121,11 @@ impl Metrics {
             "pipeline_ready",
             "1 while the pipeline's Ready condition is True, else 0",
             metrics.pipeline_ready.clone(),
+        );
+        registry.register(
+            "orphaned_objects",
+            "What deleted pipelines left in RabbitMQ because it could not be removed (each left-over a deletion's CleanupIncomplete event lists), by the pipeline's namespace",
+            metrics.orphaned_objects.clone(),
         );
         registry.register(
             "leader",
@@ -194,6 +207,15 @@ impl Metrics {
         self.pipeline_ready.remove(&labels);
     }
 
+    /// Counts what a deleted pipeline of `namespace` left behind.
+    pub fn orphaned(&self, namespace: &str, left: usize) {
+        self.orphaned_objects
+            .get_or_create(&NamespaceLabels {
+                namespace: namespace.to_string(),
+            })
+            .inc_by(u64::try_from(left).unwrap_or(u64::MAX));
+    }
+
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
     }
@@ -221,6 +243,7 @@ mod tests {
         metrics.set_leader(true);
         metrics.set_ready("prod", "shop", true);
         metrics.set_ready("prod", "mail", false);
+        metrics.orphaned("prod", 2);
         let out = text(&registry);
         for line in [
             r#"mailer_controller_reconciles_total{result="success",category="none"} 1"#,
@@ -229,6 +252,7 @@ mod tests {
             r#"mailer_controller_drift_repairs_total{namespace="prod",pipeline="shop"} 1"#,
             r#"mailer_controller_rabbitmq_writes_total{namespace="prod",pipeline="shop"} 3"#,
             "mailer_controller_leader 1",
+            r#"mailer_controller_orphaned_objects_total{namespace="prod"} 2"#,
             r#"mailer_controller_pipeline_ready{namespace="prod",pipeline="shop"} 1"#,
             r#"mailer_controller_pipeline_ready{namespace="prod",pipeline="mail"} 0"#,
             "mailer_controller_reconcile_duration_seconds_bucket",

@@ -82,6 +82,9 @@ pub async fn claim(
     refuse_foreign(&markers, &me, &missing)?;
     let known = ctx.known_pipelines(|other| other.uid() != valid.pipeline.uid());
     check_collisions(valid.pipeline, &known)?;
+    // Decided once before anything is written, so a pipeline refused writes nothing;
+    // then again under the locks, where it counts.
+    decide(management, valid, &me, &missing).await?;
     // The locks live in the vhost, which the operator's user must be able to use.
     let vhost = &desired.topology.vhost;
     if management.vhost_exists(vhost).await? {
@@ -112,14 +115,22 @@ fn refuse_foreign(markers: &Markers, me: &Owner, wanted: &[&Claim]) -> Result<()
     Ok(())
 }
 
-/// Under the claims' locks: reads each marker again and what exists, and writes the
-/// markers when every one of `missing` may be taken.
-async fn take(
+/// What deciding the claims found.
+struct Decided {
+    /// The spec's topology was marked whole as this pipeline's by a 0.1 release, and its
+    /// objects are taken without markers of their own.
+    legacy_ours: bool,
+}
+
+/// Reads each of `missing`'s marker (now) and whether what it names exists, and fails
+/// unless every one may be taken: unmarked and not there, marked by `me` (or retained
+/// for a pipeline of its name), or made by a 0.1 release for this pipeline.
+async fn decide(
     management: &Management,
     valid: &Validated<'_>,
     me: &Owner,
     missing: &[&Claim],
-) -> Result<(), Error> {
+) -> Result<Decided, Error> {
     let found = try_join_all(missing.iter().map(|claim| async move {
         let owner = management.owner(&claim.marker()).await?;
         let exists = match owner {
@@ -129,7 +140,8 @@ async fn take(
         Ok::<_, Error>((*claim, owner, exists))
     }))
     .await?;
-    let legacy = legacy_topology_marker(&valid.spec.rabbitmq.vhost, &valid.spec.topology.queue);
+    let spec = valid.spec;
+    let legacy = legacy_topology_marker(&spec.rabbitmq.vhost, &spec.topology.queue);
     let mut legacy_ours = None;
     for (claim, owner, exists) in &found {
         match owner {
@@ -142,18 +154,12 @@ async fn take(
             }
             None if !exists => {}
             None => {
-                // Made by the 0.1 releases, which marked a whole topology at once.
                 if legacy_ours.is_none() {
-                    legacy_ours = Some(
-                        management
-                            .owner(&legacy)
-                            .await?
-                            .is_some_and(|o| o.uid == me.uid),
-                    );
+                    let owner = management.owner(&legacy).await?;
+                    legacy_ours = Some(owner.is_some_and(|o| o.uid == me.uid));
                 }
                 let of_legacy_topology = legacy_ours == Some(true)
-                    && topology_claims(&valid.spec.rabbitmq.vhost, &valid.spec.topology)
-                        .contains(claim);
+                    && topology_claims(&spec.rabbitmq.vhost, &spec.topology).contains(claim);
                 if !of_legacy_topology {
                     return Err(Error::Unclaimed {
                         what: claim.to_string(),
@@ -162,13 +168,28 @@ async fn take(
             }
         }
     }
+    Ok(Decided {
+        legacy_ours: legacy_ours == Some(true),
+    })
+}
+
+/// Under the claims' locks: decides again and writes the markers.
+async fn take(
+    management: &Management,
+    valid: &Validated<'_>,
+    me: &Owner,
+    missing: &[&Claim],
+) -> Result<(), Error> {
+    let decided = decide(management, valid, me, missing).await?;
     try_join_all(
         missing
             .iter()
             .map(|claim| management.set_owner_of(claim, me)),
     )
     .await?;
-    if legacy_ours == Some(true) {
+    if decided.legacy_ours {
+        let spec = valid.spec;
+        let legacy = legacy_topology_marker(&spec.rabbitmq.vhost, &spec.topology.queue);
         management.clear_owner(&legacy).await?;
     }
     Ok(())

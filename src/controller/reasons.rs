@@ -21,6 +21,12 @@ pub const WORKERS_NOT_READY: &str = "WorkersNotReady";
 pub const AUTOSCALING_UNAVAILABLE: &str = "AutoscalingUnavailable";
 /// `Ready=True`: the pipeline sends mail.
 pub const READY: &str = "Ready";
+/// `TopologyReady=False` on a deleted pipeline, just before it goes: its cleanup left
+/// something in RabbitMQ (the message says what).
+pub const CLEANUP_INCOMPLETE: &str = "CleanupIncomplete";
+/// `TopologyReady=False`: a policy of someone else's applies to one of the pipeline's
+/// queues instead of the pipeline's own, or an operator policy overrides it.
+pub const POLICY_SHADOWED: &str = "PolicyShadowed";
 
 /// The reasons of conditions that are not failures of a reconcile.
 pub const STATE_REASONS: &[&str] = &[
@@ -31,6 +37,8 @@ pub const STATE_REASONS: &[&str] = &[
     WORKERS_NOT_READY,
     AUTOSCALING_UNAVAILABLE,
     READY,
+    CLEANUP_INCOMPLETE,
+    POLICY_SHADOWED,
 ];
 
 /// Every reason a condition can carry: the states above, and one per error category
