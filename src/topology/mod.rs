@@ -8,6 +8,7 @@ pub mod broker;
 pub mod declare;
 pub mod desired;
 pub mod diff;
+pub mod effective;
 pub mod import;
 pub mod live;
 pub mod management;
