@@ -360,7 +360,10 @@ mod tests {
         assert_eq!(delivery_limit(&none, V3), DeliveryLimit::Unlimited);
         assert_eq!(delivery_limit(&none, V4), finite(20, LimitSource::Default));
         let shadowed = effective(Some("platform.all"), json!({"max-length": 1000}), json!({}));
-        assert_eq!(delivery_limit(&shadowed, V4), finite(20, LimitSource::Default));
+        assert_eq!(
+            delivery_limit(&shadowed, V4),
+            finite(20, LimitSource::Default)
+        );
     }
 
     #[test]
@@ -403,7 +406,10 @@ mod tests {
                 json!({"delivery-limit": 5}),
                 json!({"x-delivery-limit": 7}),
             );
-            assert_eq!(delivery_limit(&policy_lower, broker), finite(5, policy("p")));
+            assert_eq!(
+                delivery_limit(&policy_lower, broker),
+                finite(5, policy("p"))
+            );
             let argument_lower = effective(
                 Some("p"),
                 json!({"delivery-limit": 9}),
