@@ -168,7 +168,7 @@ step "3. a malformed request (a line break in its subject): dead-lettered to mai
 printf '%s' '{"from":"shop@shop.example","to":["carol@example.com"],"subject":"Hi\r\nBcc: all@example.com","text":"x"}' >"$work/bad.json"
 send --message-id sneaky-carol --json "$work/bad.json"
 wait_for 10 grep -q 'dead-lettered' "$work/worker.log"
-dead() { "$mailer" dead "$@" -f examples/demo-pipeline.yaml --amqp-url "$amqp"; }
+dead() { "$mailer" dead "$@" -f examples/demo-pipeline.yaml --amqp-url "$amqp" --management-url "$management"; }
 dead list
 dead show sneaky-carol
 metric 'mailer_worker_dead_letters_total{'
