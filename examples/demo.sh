@@ -223,7 +223,7 @@ printf '%s' '{"from":"shop@shop.example","to":["carol@example.com"],"subject":"H
 send --message-id sneaky-carol --json "$work/bad.json"
 wait_for 10 metric_reaches "$dead_malformed" 1
 metric 'mailer_worker_dead_letters_total{'
-dead() { "$mailer" dead "$@" -f "$pipeline" --amqp-url "$amqp"; }
+dead() { "$mailer" dead "$@" -f "$pipeline" --amqp-url "$amqp" --management-url "$management"; }
 dead list
 dead show sneaky-carol
 

@@ -7,6 +7,8 @@ pub mod support;
 
 #[path = "dead/harness.rs"]
 mod harness;
+#[path = "dead/limit.rs"]
+mod limit;
 #[path = "dead/reading.rs"]
 mod reading;
 #[path = "dead/reasons.rs"]

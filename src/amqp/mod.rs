@@ -4,6 +4,7 @@
 pub mod connect;
 pub mod pipelined;
 pub mod publish;
+pub mod server;
 
 pub use connect::{ConnectError, connect};
 pub use pipelined::PipelinedPublisher;

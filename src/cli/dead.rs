@@ -112,6 +112,13 @@ pub struct Source {
     /// the pipeline's vhost is used whatever this URL names.
     #[arg(long, env = "MAIL_AMQP_URL", hide_env_values = true)]
     amqp_url: String,
+    /// The management API, e.g. http://user:password@localhost:15672, asked for the dead
+    /// queue's delivery limit before the first read (every read counts as a delivery, and
+    /// a finite limit would drop dead letters: such a queue is not read). By default the
+    /// AMQP URL's host and credentials on port 15672 (https on 15671 for amqps://); a
+    /// URL without a user takes the AMQP URL's.
+    #[arg(long, env = "RABBITMQ_MANAGEMENT_URL", hide_env_values = true)]
+    management_url: Option<String>,
 }
 
 /// Which dead letters; every filter given must match.
@@ -156,6 +163,7 @@ impl Source {
         let Some(file) = &self.file else {
             return Ok(Target {
                 amqp_url: self.amqp_url.clone(),
+                management_url: self.management_url.clone(),
                 dead_queue: self.queue.clone().unwrap_or_default(),
                 exchange: self.exchange.clone(),
                 send_key: self.send_key.clone(),
@@ -183,6 +191,7 @@ impl Source {
         Ok(Target {
             amqp_url: with_vhost(&self.amqp_url, &pipeline.spec.rabbitmq.vhost)
                 .map_err(anyhow::Error::msg)?,
+            management_url: self.management_url.clone(),
             dead_queue: t.dead_queue.clone(),
             exchange: t.exchange.clone(),
             // The send queue's name is the routing key of every request.

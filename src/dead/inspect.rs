@@ -4,10 +4,10 @@
 use std::io::Write;
 
 use super::letter::DeadLetter;
-use super::queue::{DeadQueue, Verdict};
+use super::queue::Verdict;
 use super::render::{Stats, json_line, table};
 use super::value::dead_letters;
-use super::{DeadError, Filter, Matched, Target, for_each_match, show};
+use super::{DeadError, Filter, Matched, Target, for_each_match, open_checked, show};
 
 /// How `list` prints.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -26,7 +26,7 @@ async fn read_matches(
     filter: &Filter,
     mut each: impl FnMut(&lapin::BasicProperties, &[u8], DeadLetter),
 ) -> Result<Matched, DeadError> {
-    let queue = DeadQueue::open(&target.amqp_url, &target.dead_queue).await?;
+    let queue = open_checked(target).await?;
     let read = for_each_match(&queue, filter, async |delivery, letter| {
         each(&delivery.properties, &delivery.data, letter);
         Ok(Verdict::Keep)

@@ -7,6 +7,7 @@
 pub mod filter;
 pub mod inspect;
 pub mod letter;
+pub mod limit;
 pub mod purge;
 pub mod queue;
 pub mod render;
@@ -29,6 +30,9 @@ use crate::amqp::{ConnectError, PublishError};
 pub struct Target {
     /// The broker and the pipeline's vhost.
     pub amqp_url: String,
+    /// The broker's management API, to check the dead queue's delivery limit with;
+    /// `None` for the one beside the AMQP listener ([`limit::management_beside`]).
+    pub management_url: Option<String>,
     pub dead_queue: String,
     /// The exchange producers publish requests to.
     pub exchange: String,
@@ -59,6 +63,27 @@ pub enum DeadError {
     },
     #[error("{0}")]
     Interrupted(String),
+    #[error(
+        "will not read queue {queue:?} in vhost {vhost:?}: its delivery limit is {limit} ({why}), so every read would bring each dead letter closer to being dropped. {advice}"
+    )]
+    DeliveryLimit {
+        queue: String,
+        vhost: String,
+        limit: i64,
+        why: String,
+        advice: String,
+    },
+    #[error(
+        "will not read queue {queue:?} in vhost {vhost:?} on RabbitMQ {version}: its delivery limit could not be checked ({reason}), and every read of a queue whose limit is finite (RabbitMQ 4 sets 20 unless a policy lifts it) brings each dead letter closer to being dropped. Pass --management-url (or RABBITMQ_MANAGEMENT_URL) with a user that may read the queue there, then run this again."
+    )]
+    LimitUnchecked {
+        queue: String,
+        vhost: String,
+        version: String,
+        reason: String,
+    },
+    #[error("{0}")]
+    BadManagementUrl(String),
     #[error("no dead letter in {queue} has message id {message_id:?} ({read} read)")]
     NotFound {
         queue: String,
@@ -73,6 +98,24 @@ pub struct Matched {
     pub pass: Pass,
     /// How many dead letters matched and were handed on.
     pub matched: usize,
+}
+
+/// Connects to the dead queue of `target`, once [`limit::check`] found that reading it
+/// cannot drop a dead letter; says on standard error when that could not be checked.
+pub async fn open_checked(target: &Target) -> Result<DeadQueue, DeadError> {
+    let queue = DeadQueue::open(&target.amqp_url, &target.dead_queue).await?;
+    match limit::check(target).await {
+        Ok(limit::Checked::Unlimited) => {}
+        Ok(limit::Checked::Unchecked { version, reason }) => eprintln!(
+            "warning: the delivery limit of {} could not be checked ({reason}); reading it anyway, since RabbitMQ {version} sets none unless a policy or the queue's x-delivery-limit does. Pass --management-url to check it",
+            target.dead_queue
+        ),
+        Err(e) => {
+            queue.close().await;
+            return Err(e);
+        }
+    }
+    Ok(queue)
 }
 
 /// Reads `queue` once, handing every dead letter that matches `filter`, up to its limit,

@@ -3,9 +3,9 @@
 
 use std::io::Write;
 
-use super::queue::{DeadQueue, Verdict};
+use super::queue::Verdict;
 use super::value::{dead_letters, one_line};
-use super::{DeadError, Filter, Target, for_each_match};
+use super::{DeadError, Filter, Target, for_each_match, open_checked};
 
 pub async fn purge(
     target: &Target,
@@ -13,7 +13,7 @@ pub async fn purge(
     yes: bool,
     out: &mut impl Write,
 ) -> Result<(), DeadError> {
-    let queue = DeadQueue::open(&target.amqp_url, &target.dead_queue).await?;
+    let queue = open_checked(target).await?;
     let read = for_each_match(&queue, filter, async |_, letter| {
         let id = one_line(letter.message_id.as_deref().unwrap_or("-"));
         let reason = one_line(&letter.reason);

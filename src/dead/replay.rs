@@ -17,9 +17,9 @@ use lapin::types::AMQPValue;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::queue::{DeadQueue, Verdict};
+use super::queue::Verdict;
 use super::value::{dead_letters, one_line};
-use super::{DeadError, Filter, Target, for_each_match};
+use super::{DeadError, Filter, Target, for_each_match, open_checked};
 use crate::amqp::publish::DEFAULT_PUBLISH_TIMEOUT;
 use crate::amqp::{publish_confirmed, republished};
 use crate::mail::REPLAYS_HEADER;
@@ -88,7 +88,7 @@ pub async fn replay(
     stop: impl Future<Output = ()> + Send + 'static,
     out: &mut impl Write,
 ) -> Result<(), DeadError> {
-    let queue = DeadQueue::open(&target.amqp_url, &target.dead_queue).await?;
+    let queue = open_checked(target).await?;
     let publisher = match options.dry_run {
         true => None,
         false => Some(queue.confirming_channel().await?),

@@ -9,6 +9,7 @@ pub mod claim_lock;
 pub mod declare;
 pub mod desired;
 pub mod diff;
+pub mod effective;
 pub mod import;
 pub mod live;
 pub mod management;

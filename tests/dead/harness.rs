@@ -13,7 +13,7 @@ use mailer::topology::{self, Topology};
 use serde_json::{Value, json};
 
 use crate::support::broker::{
-    TestBroker, TestVhost, amqp_base, confirming_channel, management, publish,
+    TestBroker, TestVhost, amqp_base, confirming_channel, management, management_url, publish,
 };
 use crate::support::process::{eventually, exit_within, start_worker, stop_worker};
 use crate::support::smtp::{SmtpServer, TempDir, closed_port};
@@ -88,7 +88,8 @@ impl Pipeline {
         )
     }
 
-    /// `mailer dead ARGS -f FILE`, not started yet.
+    /// `mailer dead ARGS -f FILE`, not started yet. The management API is the test
+    /// broker's: the one beside the 4.0 broker's AMQP port would be the 3.10 broker's.
     pub fn dead_command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_mailer"));
         command
@@ -97,6 +98,7 @@ impl Pipeline {
             .arg("-f")
             .arg(&self.file)
             .env("MAIL_AMQP_URL", amqp_base())
+            .env("RABBITMQ_MANAGEMENT_URL", management_url())
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null());
         command

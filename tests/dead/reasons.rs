@@ -187,6 +187,10 @@ async fn bad_input_gets_one_clear_line() {
             .arg("dead")
             .args(args)
             .env_remove("MAIL_AMQP_URL")
+            .env(
+                "RABBITMQ_MANAGEMENT_URL",
+                crate::support::broker::management_url(),
+            )
             .output()
             .unwrap();
         (
