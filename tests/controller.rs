@@ -30,6 +30,8 @@ mod fake_api_managers;
 mod flow;
 #[path = "controller/harness.rs"]
 mod harness;
+#[path = "controller/hostile.rs"]
+mod hostile;
 #[path = "controller/leadership.rs"]
 mod leadership;
 #[path = "topology/many.rs"]
