@@ -12,6 +12,8 @@ pub mod support;
 mod autoscaling;
 #[path = "controller/broker.rs"]
 mod broker;
+#[path = "controller/claims.rs"]
+mod claims;
 #[path = "controller/coexistence.rs"]
 mod coexistence;
 #[path = "controller/deletion.rs"]

@@ -15,8 +15,12 @@ use super::error::Error;
 use super::ownership::claim;
 use super::resolve::resolve;
 use super::validate::validate;
-use crate::spec::{MailerPipeline, QueueDepths, TopologySpec};
-use crate::topology::{Management, QueueDepth, Requests, counted};
+use futures::future::try_join_all;
+
+use crate::spec::{MailerPipeline, QueueDepths};
+use crate::topology::desired::policy_name;
+use crate::topology::effective::{POLICY_REPORT_LAG, QueuePolicy, Shadowing, shadowing};
+use crate::topology::{Management, QueueDepth, Requests, Topology, counted};
 
 /// What converging changed and found.
 #[derive(Debug)]
@@ -25,6 +29,8 @@ pub struct Converged {
     /// Whether KEDA scales the workers.
     pub autoscaling: Autoscaling,
     pub queues: Option<QueueDepths>,
+    /// Whether the pipeline's policies apply to its queues as written.
+    pub policies: PolicyCheck,
     pub worker_user: String,
     /// The requests this reconcile made to RabbitMQ's management API (its client is
     /// shared with the others running at once): no write when it was in sync.
@@ -66,17 +72,15 @@ async fn converge_uncounted(
     applied.reapplied_objects.extend(reapplied);
     // Read at most every `queue_depth_interval`; in between the status keeps the last.
     let key = format!("{}/{}", valid.namespace, valid.name);
-    let queues = match ctx.queue_depths_due(&key) {
-        true => {
-            let management = &valid.broker.management;
-            queue_depths(management, &desired.topology.vhost, &valid.spec.topology).await
-        }
-        false => None,
+    let (queues, policies) = match ctx.queue_depths_due(&key) {
+        true => observe_queues(&valid.broker.management, &desired.topology).await,
+        false => (None, PolicyCheck::NotChecked),
     };
     Ok(Converged {
         applied,
         autoscaling,
         queues,
+        policies,
         worker_user: valid.credentials.username.clone(),
         rabbitmq: Requests::default(),
     })
@@ -90,32 +94,67 @@ pub fn unchanged_spec(pipeline: &MailerPipeline) -> bool {
     applied.is_some() && applied == pipeline.metadata.generation
 }
 
-/// The depths of the send, retry and dead queues; `None` when the broker could not be
-/// asked (the reconcile does not fail for that: the topology was just applied).
-async fn queue_depths(
+/// Whether the pipeline's policies apply to its queues as written (RabbitMQ applies
+/// one policy per queue, the matching one of highest priority, and an operator policy
+/// may override what it sets).
+#[derive(Debug, Clone, PartialEq)]
+pub enum PolicyCheck {
+    /// Not known this time: not read, a write to the vhost too recent for the broker to
+    /// have reported its queues' policies since, or a queue too new to have them.
+    NotChecked,
+    /// Read: each policy that does not apply as written (none when all do).
+    Checked(Vec<Shadowing>),
+}
+
+/// The depths of the send, retry and dead queues (`None` when the broker could not be
+/// asked: the reconcile does not fail for that, the topology was just applied) and
+/// whether their policies apply, from one read of each queue.
+async fn observe_queues(
     management: &Management,
-    vhost: &str,
-    topology: &TopologySpec,
-) -> Option<QueueDepths> {
-    let depth = |queue: &str| {
-        let queue = queue.to_string();
-        async move {
-            let found = management.queue_depth(vhost, &queue).await;
-            found.map(|d| d.map(total))
+    topology: &Topology,
+) -> (Option<QueueDepths>, PolicyCheck) {
+    let vhost = topology.vhost.as_str();
+    let read = try_join_all(
+        topology
+            .queues
+            .iter()
+            .map(|queue| management.queue_state(vhost, &queue.name)),
+    )
+    .await;
+    let states = match read {
+        Ok(states) => states,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the queues");
+            return (None, PolicyCheck::NotChecked);
         }
     };
-    let read = futures::try_join!(
-        depth(&topology.queue),
-        depth(&topology.retry_queue),
-        depth(&topology.dead_queue)
-    );
-    match read {
-        Ok((send, retry, dead)) => Some(QueueDepths { send, retry, dead }),
-        Err(e) => {
-            tracing::warn!(error = %e, "could not read the queue depths");
-            None
-        }
+    let depth = |i: usize| {
+        states
+            .get(i)
+            .and_then(Option::as_ref)
+            .map(|state| total(state.depth))
+    };
+    let depths = QueueDepths {
+        send: depth(0),
+        retry: depth(1),
+        dead: depth(2),
+    };
+    let settled = management
+        .since_written(vhost)
+        .is_none_or(|since| since >= POLICY_REPORT_LAG);
+    let mut shadowed = Vec::new();
+    for (queue, state) in topology.queues.iter().zip(&states) {
+        let reported = match state.as_ref().map(|s| &s.policy) {
+            Some(QueuePolicy::Reported(effective)) if settled => effective,
+            _ => return (Some(depths), PolicyCheck::NotChecked),
+        };
+        let ours = topology
+            .policies
+            .iter()
+            .find(|policy| policy.name == policy_name(&queue.name));
+        shadowed.extend(ours.and_then(|ours| shadowing(ours, reported)));
     }
+    (Some(depths), PolicyCheck::Checked(shadowed))
 }
 
 /// RabbitMQ's `messages` already counts the unacknowledged ones.

@@ -10,13 +10,14 @@ use serde_json::json;
 
 use super::autoscaling::{Autoscaling, desired_workers};
 use super::context::Context;
-use super::converge::{Converged, unchanged_spec};
+use super::converge::{Converged, PolicyCheck, unchanged_spec};
 use super::deployment::deployment_name;
 use super::error::Error;
 use super::metrics::QueueRole;
-use super::reasons::event;
+use super::reasons::{self, event};
 use super::status::{Findings, TopologyOutcome, dead_letters_added, desired_status};
 use crate::spec::{MailerPipeline, MailerPipelineStatus, READY, TOPOLOGY_READY};
+use crate::topology::desired::POLICY_PRIORITY;
 
 /// Writes the status `outcome` calls for, sets the gauges and publishes the events.
 /// `live` is the worker Deployment as read before converging.
@@ -36,7 +37,7 @@ pub async fn report(
         Ok(done) => Findings {
             generation: pipeline.metadata.generation,
             applied_generation: pipeline.metadata.generation,
-            topology: TopologyOutcome::Ready,
+            topology: policies_outcome(&done.policies, previous),
             deployment: done.applied.deployment.as_ref(),
             desired_workers: desired_workers(pipeline, done.applied.deployment.as_ref()),
             autoscaling: done.autoscaling.clone(),
@@ -93,6 +94,35 @@ pub async fn report(
     Ok(())
 }
 
+/// The topology's outcome once applied: not ready while a policy of the pipeline does not
+/// apply as written; when that was not checked this time, as last found.
+fn policies_outcome(
+    check: &PolicyCheck,
+    previous: Option<&MailerPipelineStatus>,
+) -> TopologyOutcome {
+    match check {
+        PolicyCheck::Checked(shadowed) if shadowed.is_empty() => TopologyOutcome::Ready,
+        PolicyCheck::Checked(shadowed) => TopologyOutcome::Failed {
+            reason: reasons::POLICY_SHADOWED.to_string(),
+            message: format!(
+                "{}. The pipeline's queues lack what its policies set (retry delays, dead-lettering, limits): lower that policy's priority below {POLICY_PRIORITY} or narrow its pattern, or ask the broker's administrator to",
+                shadowed
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        },
+        PolicyCheck::NotChecked => previous
+            .and_then(|p| p.condition(TOPOLOGY_READY))
+            .filter(|c| c.reason == reasons::POLICY_SHADOWED)
+            .map_or(TopologyOutcome::Ready, |c| TopologyOutcome::Failed {
+                reason: c.reason.clone(),
+                message: c.message.clone(),
+            }),
+    }
+}
+
 async fn publish_events(
     pipeline: &MailerPipeline,
     ctx: &Context,
@@ -120,6 +150,23 @@ async fn publish_events(
             }
         }
         Ok(done) => {
+            let shadowed = |s: Option<&MailerPipelineStatus>| {
+                s.and_then(|s| s.condition(TOPOLOGY_READY))
+                    .filter(|c| c.reason == reasons::POLICY_SHADOWED)
+                    .map(|c| c.message.clone())
+            };
+            if let Some(message) = shadowed(Some(status))
+                && shadowed(previous).as_ref() != Some(&message)
+            {
+                ctx.publish(
+                    &regarding,
+                    EventType::Warning,
+                    reasons::POLICY_SHADOWED,
+                    "CheckPolicies",
+                    message,
+                )
+                .await;
+            }
             let rabbitmq: Vec<String> = done
                 .applied
                 .topology_changes

@@ -54,6 +54,16 @@ impl Management {
             .insert(vhost.to_string(), Instant::now());
     }
 
+    /// How long ago this client last wrote to `vhost`; `None` when it never did.
+    pub fn since_written(&self, vhost: &str) -> Option<Duration> {
+        self.snapshots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .written
+            .get(vhost)
+            .map(Instant::elapsed)
+    }
+
     /// The definitions of `vhost` as read at most `max_age` ago and after this client's
     /// last write there, else read now, but only when nothing was written there through
     /// this client for `max_age` (a vhost being built is read by name); `None` when there

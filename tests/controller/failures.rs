@@ -35,13 +35,30 @@ async fn deletion_completes_when_the_broker_its_secret_or_its_cluster_is_gone() 
             .await
             .expect("deletion does not hang");
         assert_eq!(result.unwrap(), Action::await_change());
+        // What is left is said on the pipeline too, before its finalizer goes.
         assert_eq!(
             writes(&requests),
             [
+                format!("PATCH {}/status", pipeline_path(name)),
                 format!("POST {EVENTS_PATH}"),
                 format!("PATCH {}", pipeline_path(name))
             ],
             "{name}"
+        );
+        let status = &write_to(
+            &requests,
+            "PATCH",
+            &format!("{}/status", pipeline_path(name)),
+        )
+        .body["status"];
+        let topology = condition(status, "TopologyReady");
+        assert_eq!(topology["reason"], "CleanupIncomplete", "{status}");
+        assert!(
+            topology["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(says),
+            "{status}"
         );
         let published = events(&requests);
         assert_eq!(
@@ -51,6 +68,13 @@ async fn deletion_completes_when_the_broker_its_secret_or_its_cluster_is_gone() 
         assert!(published[0].2.contains(says), "{name}: {published:?}");
         assert!(published[0].2.contains("NOT cleaned up"), "{published:?}");
     }
+    assert!(
+        h.metrics().contains(&format!(
+            "mailer_controller_orphaned_objects_total{{namespace=\"{NS}\"}} 3"
+        )),
+        "{}",
+        h.metrics()
+    );
 }
 
 #[tokio::test]

@@ -33,7 +33,7 @@ use serde_json::{Map, Value};
 
 use super::TopologyError;
 use super::broker::BrokerCapabilities;
-use super::management::Management;
+use super::management::{Management, QueueDepth};
 
 mod shadowing;
 pub use shadowing::{LostSetting, Shadowing, shadowing};
@@ -70,6 +70,18 @@ pub struct EffectivePolicy {
     pub arguments: Map<String, Value>,
 }
 
+/// How long after a write to a vhost the policies its queues report may still be the
+/// ones before it (the broker emits them every 5 s).
+pub const POLICY_REPORT_LAG: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// One queue as the management API last counted it: its messages and its policies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueState {
+    pub depth: QueueDepth,
+    /// Never [`QueuePolicy::Missing`]: the queue exists.
+    pub policy: QueuePolicy,
+}
+
 impl Management {
     /// The policies that apply to `queue` in `vhost`, as the broker last reported them
     /// (its statistics lag by up to 5 s).
@@ -78,9 +90,29 @@ impl Management {
         vhost: &str,
         queue: &str,
     ) -> Result<QueuePolicy, TopologyError> {
+        Ok(self
+            .queue_state(vhost, queue)
+            .await?
+            .map_or(QueuePolicy::Missing, |state| state.policy))
+    }
+
+    /// The messages and policies of `queue` in `vhost`, from one read; `None` when there
+    /// is no such queue.
+    pub async fn queue_state(
+        &self,
+        vhost: &str,
+        queue: &str,
+    ) -> Result<Option<QueueState>, TopologyError> {
         match self.read(self.api.get_queue_info(vhost, queue)).await {
-            Ok(info) => Ok(queue_policy(info)),
-            Err(e) if e.is_not_found() => Ok(QueuePolicy::Missing),
+            Ok(info) => Ok(Some(QueueState {
+                depth: QueueDepth {
+                    messages: info.message_count,
+                    unacknowledged: info.unacknowledged_message_count,
+                    consumers: u32::from(info.consumer_count),
+                },
+                policy: queue_policy(info),
+            })),
+            Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(self.error(&format!("read queue {queue}"), e)),
         }
     }
