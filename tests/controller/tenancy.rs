@@ -127,3 +127,69 @@ async fn a_cluster_of_the_own_namespace_needs_no_annotation() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_cluster_of_another_namespace_that_does_not_exist_gets_the_same_answer() {
+    let h = harness();
+    seed_cluster(&h, Some("billing"));
+    let refused =
+        |name: &str| json!({"rabbitmq": {"clusterRef": {"name": name, "namespace": "data"}}});
+    h.seed_pipeline("forbidden", refused("rmq"), true);
+    h.seed_pipeline("missing", refused("nothing-here"), true);
+    let forbidden = h.reconcile("forbidden").await.0.unwrap_err();
+    let missing = h.reconcile("missing").await.0.unwrap_err();
+    assert_eq!(forbidden.reason(), "NotAllowed");
+    assert_eq!(missing.reason(), forbidden.reason());
+    assert_eq!(missing.is_transient(), forbidden.is_transient());
+    assert_eq!(
+        missing.to_string(),
+        forbidden
+            .to_string()
+            .replace("data/rmq", "data/nothing-here"),
+        "nothing tells a tenant which clusters exist elsewhere"
+    );
+    let message = |name: &str| {
+        condition(&status_of(&h, name), "TopologyReady")["message"]
+            .as_str()
+            .unwrap_or_default()
+            .replace(name, "")
+    };
+    assert_eq!(
+        message("missing").replace("nothing-here", "rmq"),
+        message("forbidden")
+    );
+}
+
+#[tokio::test]
+async fn an_empty_cluster_namespace_is_the_pipelines_own() {
+    let h = harness();
+    h.fake.put(
+        &format!("/apis/rabbitmq.com/v1beta1/namespaces/{NS}/rabbitmqclusters/rmq"),
+        json!({"apiVersion": "rabbitmq.com/v1beta1", "kind": "RabbitmqCluster",
+               "metadata": {"name": "rmq", "namespace": NS}}),
+    );
+    h.fake.put(
+        &format!("/api/v1/namespaces/{NS}/services/rmq"),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "rmq", "namespace": NS}}),
+    );
+    h.seed_secret(
+        "rmq-default-user",
+        &[("username", "admin"), ("password", "pw")],
+    );
+    h.seed_pipeline(
+        "shop",
+        json!({"rabbitmq": {"clusterRef": {"name": "rmq", "namespace": ""}}}),
+        true,
+    );
+    let broker = mailer::controller::connection::resolve(&h.ctx.client, &h.pipeline("shop"))
+        .await
+        .expect("the cluster of its own namespace, which needs no annotation");
+    assert_eq!(broker.management_url, format!("http://rmq.{NS}.svc:15672"));
+    let reads = mailer::controller::references::secrets_read(&h.pipeline("shop"));
+    assert!(
+        reads
+            .iter()
+            .any(|r| r.namespace == NS && r.name == "rmq-default-user"),
+        "{reads:?}"
+    );
+}

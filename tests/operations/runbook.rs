@@ -67,6 +67,8 @@ fn the_runbook_names_every_event_metric_and_dead_letter_reason() {
         reasons::event::DEAD_LETTERS_GREW,
         reasons::event::CLEANED_UP,
         reasons::event::CLEANUP_INCOMPLETE,
+        reasons::event::ACCESS_REVOKED,
+        reasons::POLICY_SHADOWED,
     ];
     for event in events {
         assert!(
@@ -114,4 +116,53 @@ fn the_runbook_names_every_event_metric_and_dead_letter_reason() {
     }
     assert!(text.contains("(dead-letters.md)"));
     assert!(crate::root().join("docs/dead-letters.md").exists());
+}
+
+/// Every Rust source file under `dir`, read.
+fn sources(dir: &std::path::Path, found: &mut Vec<(std::path::PathBuf, String)>) {
+    for entry in std::fs::read_dir(dir).expect("a source folder").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            sources(&path, found);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).expect("a source file");
+            found.push((path, text));
+        }
+    }
+}
+
+#[test]
+fn every_test_the_security_page_names_exists() {
+    let page =
+        std::fs::read_to_string(crate::root().join("docs/security.md")).expect("docs/security.md");
+    let mut code = Vec::new();
+    sources(&crate::root().join("tests"), &mut code);
+    sources(&crate::root().join("src"), &mut code);
+    let mut named = 0;
+    for row in page
+        .lines()
+        .filter(|l| l.starts_with("| ") && l.contains("::"))
+    {
+        let tests = row.rsplit('|').nth(1).unwrap_or_default();
+        for name in tests.split('`').skip(1).step_by(2) {
+            let Some((module, function)) = name.rsplit_once("::") else {
+                continue;
+            };
+            named += 1;
+            let module = module.rsplit("::").next().unwrap_or(module);
+            let in_module = |(path, _): &&(std::path::PathBuf, String)| {
+                path.file_stem().is_some_and(|stem| stem == module)
+                    || path.to_string_lossy().contains(&format!("/{module}/"))
+            };
+            let found = if function == "*" {
+                code.iter().any(|file| in_module(&file))
+            } else {
+                code.iter()
+                    .filter(in_module)
+                    .any(|(_, text)| text.contains(&format!("fn {function}(")))
+            };
+            assert!(found, "docs/security.md names {name}, which does not exist");
+        }
+    }
+    assert!(named >= 15, "the promises name their tests ({named} found)");
 }
