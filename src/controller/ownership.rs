@@ -84,10 +84,11 @@ pub async fn claim(
     check_collisions(valid.pipeline, &known)?;
     // Decided once before anything is written, so a pipeline refused writes nothing;
     // then again under the locks, where it counts.
-    decide(management, valid, &me, &missing).await?;
-    // The locks live in the vhost, which the operator's user must be able to use.
     let vhost = &desired.topology.vhost;
-    if management.vhost_exists(vhost).await? {
+    let vhost_exists = management.vhost_exists(vhost).await?;
+    decide(management, valid, &me, &missing, vhost_exists).await?;
+    // The locks live in the vhost, which the operator's user must be able to use.
+    if vhost_exists {
         management.ensure_own_grant(vhost).await?;
     } else {
         management
@@ -122,7 +123,8 @@ struct Decided {
     legacy_ours: bool,
 }
 
-/// Reads each of `missing`'s marker (now) and whether what it names exists, and fails
+/// Reads each of `missing`'s marker (now) and whether what it names exists (in a vhost
+/// that does, `vhost_exists`), and fails
 /// unless every one may be taken: unmarked and not there, marked by `me` (or retained
 /// for a pipeline of its name), or made by a 0.1 release for this pipeline.
 async fn decide(
@@ -130,12 +132,16 @@ async fn decide(
     valid: &Validated<'_>,
     me: &Owner,
     missing: &[&Claim],
+    vhost_exists: bool,
 ) -> Result<Decided, Error> {
     let found = try_join_all(missing.iter().map(|claim| async move {
         let owner = management.owner(&claim.marker()).await?;
+        // Nothing exists in a vhost that does not (a user is not in a vhost).
+        let may_exist = vhost_exists || matches!(claim, Claim::User { .. });
         let exists = match owner {
             Some(_) => true,
-            None => management.claimed_exists(claim).await?,
+            None if may_exist => management.claimed_exists(claim).await?,
+            None => false,
         };
         Ok::<_, Error>((*claim, owner, exists))
     }))
@@ -180,7 +186,7 @@ async fn take(
     me: &Owner,
     missing: &[&Claim],
 ) -> Result<(), Error> {
-    let decided = decide(management, valid, me, missing).await?;
+    let decided = decide(management, valid, me, missing, true).await?;
     try_join_all(
         missing
             .iter()

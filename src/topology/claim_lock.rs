@@ -138,17 +138,19 @@ impl Management {
 }
 
 impl ClaimLocks<'_> {
-    /// Removes the lock queues. One that cannot be removed expires by itself.
+    /// Removes the lock queues, all at once. One that cannot be removed expires by
+    /// itself.
     pub async fn release(self) {
-        for name in &self.queues {
-            let removed = self
-                .management
-                .bounded_write(self.management.api.delete_queue(&self.vhost, name, true))
+        let (management, vhost) = (self.management, self.vhost.as_str());
+        let removals = self.queues.iter().map(|name| async move {
+            let removed = management
+                .bounded_write(management.api.delete_queue(vhost, name, true))
                 .await;
             if let Err(e) = removed {
-                tracing::warn!(vhost = %self.vhost, queue = %name, error = %e, "could not remove a claim lock; the broker expires it");
+                tracing::warn!(vhost = %vhost, queue = %name, error = %e, "could not remove a claim lock; the broker expires it");
             }
-        }
+        });
+        futures::future::join_all(removals).await;
     }
 }
 
