@@ -66,7 +66,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use kube::core::cel::Validator;
-use mailer::controller::leader::LeaderElection;
+use mailer::controller::runtime::leader::LeaderElection;
 use mailer::spec::MailerPipeline;
 use serde_json::{Value, json};
 
@@ -274,7 +274,7 @@ fn the_operator_manifest_runs_the_controller_with_the_permissions_it_uses() {
         all.dedup();
         all
     };
-    use mailer::controller::rbac::{Scope, grants};
+    use mailer::controller::kube::rbac::{Scope, grants};
     assert_eq!(
         granted(&of_kind("ClusterRole")["rules"]),
         grants(|scope| scope == Scope::Watched)

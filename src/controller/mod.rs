@@ -7,57 +7,33 @@
 //! leads, when its caches of pipelines have synced; `/livez` follows a heartbeat of the
 //! main loop.
 
-pub mod apply;
-pub mod autoscaling;
-pub mod cleanup;
-pub mod connection;
-pub mod context;
-pub mod converge;
-pub mod deployment;
-pub mod desired;
+pub mod broker;
 pub mod error;
-pub mod in_use;
-pub mod index;
-pub mod leader;
-pub mod leadership;
-pub mod meta;
-pub mod metrics;
-pub mod owned;
-pub mod ownership;
-pub mod quantity;
-pub mod rbac;
+pub mod key;
+pub mod kube;
+pub mod objects;
 pub mod reasons;
 pub mod reconcile;
-pub mod references;
-pub mod report;
-pub mod resolve;
-pub mod retire;
-pub mod ssa;
-pub mod status;
-pub mod tenancy;
-pub mod unreadable;
-pub mod validate;
-pub mod watch;
-pub mod worker_user;
+pub mod runtime;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ::kube::Client;
+use ::kube::api::Api;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::Client;
-use kube::api::Api;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch as signal;
 
-pub use context::{Context, Settings};
 pub use error::Error;
 pub use reconcile::{FINALIZER, error_policy, reconcile};
+pub use runtime::context::{Context, Settings};
 
 use crate::telemetry::{Health, spawn_server};
-use leader::LeaderElection;
-use leadership::{Renewal, keep_leading, wait_for_leadership};
-use metrics::Metrics;
+use runtime::leader::LeaderElection;
+use runtime::leadership::{Renewal, keep_leading, wait_for_leadership};
+use runtime::metrics::Metrics;
 
 /// How long the main loop may go without a heartbeat before `/livez` fails.
 const STALL_AFTER: Duration = Duration::from_secs(60);
@@ -173,7 +149,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     };
     let running = async {
         let namespaces = &options.namespaces;
-        watch::run_controllers(
+        runtime::watch::run_controllers(
             client,
             namespaces,
             ctx,

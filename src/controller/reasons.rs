@@ -5,7 +5,7 @@
 //! a constant here and [`condition_reasons`] lists them all; tests hold the health check
 //! and the runbook to that list. A new reason is added here first.
 
-use super::error::{CATEGORIES, pascal_case};
+use crate::controller::error::{CATEGORIES, pascal_case};
 
 /// `TopologyReady=True`: RabbitMQ holds what the spec asks for.
 pub const RECONCILED: &str = "Reconciled";

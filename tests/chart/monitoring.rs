@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use mailer::controller::deployment::{WorkerInputs, desired_deployment};
+use mailer::controller::objects::deployment::{WorkerInputs, desired_deployment};
 use mailer::spec::MailerPipeline;
 use serde_json::{Value, json};
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use mailer::controller::rbac::{self, Scope};
+use mailer::controller::kube::rbac::{self, Scope};
 use serde_json::{Value, json};
 
 use crate::render::{

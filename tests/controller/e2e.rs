@@ -33,10 +33,10 @@ pub async fn end_to_end() {
         settings: Settings {
             worker_image: image,
             resync_interval: Duration::from_secs(30),
-            concurrency: mailer::controller::context::DEFAULT_CONCURRENCY,
+            concurrency: mailer::controller::runtime::context::DEFAULT_CONCURRENCY,
             cluster_name: "default".into(),
             queue_depth_interval: Duration::from_secs(30),
-            definitions_max_age: mailer::controller::apply::SHARED_DEFINITIONS_MAX_AGE,
+            definitions_max_age: mailer::controller::reconcile::apply::SHARED_DEFINITIONS_MAX_AGE,
             cleanup_deadline: Duration::from_secs(600),
         },
         metrics_addr: "127.0.0.1:0".parse().unwrap(),

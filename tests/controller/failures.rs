@@ -1,7 +1,7 @@
 //! Failures: a broker or Secret that is gone, a missing key, a broker that does not
 //! answer, and finding a RabbitmqCluster.
 
-use mailer::controller::context::jittered;
+use mailer::controller::runtime::context::jittered;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -196,7 +196,7 @@ async fn a_cluster_ref_finds_the_management_api_through_the_clusters_service() {
         json!({"rabbitmq": {"clusterRef": {"name": "rmq", "namespace": "data"}}}),
         true,
     );
-    let broker = mailer::controller::connection::resolve(&h.ctx.client, &h.pipeline("shop"))
+    let broker = mailer::controller::broker::connection::locate(&h.ctx.client, &h.pipeline("shop"))
         .await
         .unwrap();
     assert_eq!(broker.management_url, "http://rmq.data.svc:15672");
@@ -207,7 +207,7 @@ async fn a_cluster_ref_finds_the_management_api_through_the_clusters_service() {
         json!({"rabbitmq": {"clusterRef": {"name": "absent"}}}),
         true,
     );
-    let error = mailer::controller::connection::resolve(&h.ctx.client, &h.pipeline("other"))
+    let error = mailer::controller::broker::connection::locate(&h.ctx.client, &h.pipeline("other"))
         .await
         .unwrap_err();
     assert!(

@@ -7,8 +7,8 @@ use std::time::Duration;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use kube::runtime::controller::Action;
-use mailer::controller::metrics::Metrics;
-use mailer::controller::watch::run_controllers;
+use mailer::controller::runtime::metrics::Metrics;
+use mailer::controller::runtime::watch::run_controllers;
 use mailer::controller::{Context, Error, Settings, reconcile};
 use mailer::spec::MailerPipeline;
 use mailer::telemetry::Health;
@@ -74,7 +74,7 @@ pub fn harness_tuned(tune: impl FnOnce(&mut Settings)) -> Harness {
     let mut settings = Settings {
         worker_image: "reg/mailer:test".into(),
         resync_interval: RESYNC,
-        concurrency: mailer::controller::context::DEFAULT_CONCURRENCY,
+        concurrency: mailer::controller::runtime::context::DEFAULT_CONCURRENCY,
         cluster_name: "default".into(),
         // Every reconcile reads them, so a test sees a new depth at once.
         queue_depth_interval: Duration::ZERO,
@@ -227,7 +227,7 @@ pub fn controller_health() -> Arc<Health> {
 /// chart's RBAC is held to) has: a call missing there would be forbidden in a cluster.
 /// Discovery (`GET /apis/<group>/<version>`) needs no rule.
 pub fn assert_listed_in_rbac(requests: &[Recorded]) {
-    use mailer::controller::rbac::CALLS;
+    use mailer::controller::kube::rbac::CALLS;
     for request in requests {
         let segments: Vec<&str> = request.path.trim_matches('/').split('/').collect();
         let (group, rest) = match segments.as_slice() {

@@ -63,7 +63,8 @@ async fn after_a_restart_pipelines_in_sync_cost_a_constant_and_write_nothing() {
     let vhost = TestVhost::fresh("controller-scale");
     let proxy = Proxy::start(&management_host(), Duration::ZERO).await;
     let h = harness_tuned(|settings| {
-        settings.definitions_max_age = mailer::controller::apply::SHARED_DEFINITIONS_MAX_AGE;
+        settings.definitions_max_age =
+            mailer::controller::reconcile::apply::SHARED_DEFINITIONS_MAX_AGE;
     });
     connection_secret(&h, &proxy.url());
     h.seed_secret("user", &[("username", "guest"), ("password", "guest")]);

@@ -8,8 +8,8 @@ use futures::StreamExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::reflector;
 use lapin::BasicProperties;
-use mailer::controller::index::{Guarded, ReferenceIndex};
-use mailer::controller::watch::pipeline_triggers;
+use mailer::controller::runtime::index::{Guarded, ReferenceIndex};
+use mailer::controller::runtime::watch::pipeline_triggers;
 use mailer::spec::MailerPipeline;
 use serde_json::json;
 

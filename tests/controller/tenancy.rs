@@ -94,9 +94,10 @@ async fn a_cluster_that_lists_the_namespace_or_a_star_is_used() {
             json!({"rabbitmq": {"clusterRef": {"name": "rmq", "namespace": "data"}}}),
             true,
         );
-        let broker = mailer::controller::connection::resolve(&h.ctx.client, &h.pipeline("shop"))
-            .await
-            .unwrap_or_else(|e| panic!("{allowed:?}: {e}"));
+        let broker =
+            mailer::controller::broker::connection::locate(&h.ctx.client, &h.pipeline("shop"))
+                .await
+                .unwrap_or_else(|e| panic!("{allowed:?}: {e}"));
         assert_eq!(broker.endpoint.username, "admin", "{allowed:?}");
     }
 }
@@ -123,7 +124,7 @@ async fn a_cluster_of_the_own_namespace_needs_no_annotation() {
         json!({"rabbitmq": {"clusterRef": {"name": "rmq"}}}),
         true,
     );
-    mailer::controller::connection::resolve(&h.ctx.client, &h.pipeline("shop"))
+    mailer::controller::broker::connection::locate(&h.ctx.client, &h.pipeline("shop"))
         .await
         .unwrap();
 }
@@ -181,11 +182,11 @@ async fn an_empty_cluster_namespace_is_the_pipelines_own() {
         json!({"rabbitmq": {"clusterRef": {"name": "rmq", "namespace": ""}}}),
         true,
     );
-    let broker = mailer::controller::connection::resolve(&h.ctx.client, &h.pipeline("shop"))
+    let broker = mailer::controller::broker::connection::locate(&h.ctx.client, &h.pipeline("shop"))
         .await
         .expect("the cluster of its own namespace, which needs no annotation");
     assert_eq!(broker.management_url, format!("http://rmq.{NS}.svc:15672"));
-    let reads = mailer::controller::references::secrets_read(&h.pipeline("shop"));
+    let reads = mailer::controller::broker::secrets::secrets_read(&h.pipeline("shop"));
     assert!(
         reads
             .iter()

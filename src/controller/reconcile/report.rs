@@ -3,46 +3,49 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::autoscaling::{Autoscaling, desired_workers};
-use super::context::Context;
-use super::converge::{Converged, PolicyCheck, unchanged_spec};
-use super::deployment::deployment_name;
-use super::error::Error;
-use super::metrics::QueueRole;
-use super::reasons::{self, event};
-use super::status::{Findings, TopologyOutcome, dead_letters_added, desired_status};
+use crate::controller::error::Error;
+use crate::controller::key::PipelineKey;
+use crate::controller::objects::autoscaling::{Autoscaling, desired_workers};
+use crate::controller::objects::deployment::deployment_name;
+use crate::controller::objects::status::unchanged_spec;
+use crate::controller::objects::status::{
+    Findings, TopologyOutcome, dead_letters_added, desired_status,
+};
+use crate::controller::reasons::{self, event};
+use crate::controller::reconcile::Converged;
+use crate::controller::reconcile::observe::PolicyCheck;
+use crate::controller::runtime::context::Context;
+use crate::controller::runtime::metrics::QueueRole;
 use crate::spec::{MailerPipeline, MailerPipelineStatus, READY, TOPOLOGY_READY};
 use crate::topology::desired::POLICY_PRIORITY;
 
 /// Writes the status `outcome` calls for, sets the gauges and publishes the events.
-/// `live` is the worker Deployment as read before converging.
+/// `live` is the worker Deployment as read first.
 pub async fn report(
     pipeline: &MailerPipeline,
+    key: &PipelineKey,
     ctx: &Context,
     outcome: &Result<Converged, Error>,
     live: Option<&Deployment>,
 ) -> Result<(), Error> {
-    let namespace = pipeline
-        .namespace()
-        .ok_or(Error::IncompleteObject("namespace"))?;
-    let name = pipeline.name_any();
+    let (namespace, name) = (&key.namespace, &key.name);
     let worker_deployment = deployment_name(pipeline);
     let previous = pipeline.status.as_ref();
     let findings = match &outcome {
         Ok(done) => Findings {
             generation: pipeline.metadata.generation,
             applied_generation: pipeline.metadata.generation,
-            topology: policies_outcome(&done.policies, previous),
+            topology: policies_outcome(&done.observed.policies, previous),
             deployment: done.applied.deployment.as_ref(),
             desired_workers: desired_workers(pipeline, done.applied.deployment.as_ref()),
             autoscaling: done.autoscaling.clone(),
             deployment_name: &worker_deployment,
-            queues: done.queues,
+            queues: done.observed.queues,
             worker_user: Some(done.worker_user.clone()),
         },
         Err(e) => Findings {
@@ -67,17 +70,17 @@ pub async fn report(
     };
     let status = desired_status(previous, &findings, Timestamp::now());
     if previous != Some(&status) {
-        let api: Api<MailerPipeline> = Api::namespaced(ctx.client.clone(), &namespace);
+        let api: Api<MailerPipeline> = Api::namespaced(ctx.client.clone(), namespace);
         let patch = json!({ "status": status });
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(|e| Error::kube("write the status", e))?;
     }
     let ready = status.condition(READY).is_some_and(|c| c.status == "True");
-    ctx.metrics.set_ready(&namespace, &name, ready);
+    ctx.metrics.set_ready(namespace, name, ready);
     if let Ok(done) = outcome {
         ctx.metrics
-            .rabbitmq_written(&namespace, &name, done.rabbitmq.writes);
+            .rabbitmq_written(namespace, name, done.rabbitmq.writes);
     }
     if let Some(queues) = status.queues {
         for (role, depth) in [
@@ -86,11 +89,11 @@ pub async fn report(
             (QueueRole::Dead, queues.dead),
         ] {
             if let Some(depth) = depth {
-                ctx.metrics.set_queue_depth(&namespace, &name, role, depth);
+                ctx.metrics.set_queue_depth(namespace, name, role, depth);
             }
         }
     }
-    publish_events(pipeline, ctx, outcome, previous, &status).await;
+    publish_events(pipeline, key, ctx, outcome, previous, &status).await;
     Ok(())
 }
 
@@ -125,6 +128,7 @@ fn policies_outcome(
 
 async fn publish_events(
     pipeline: &MailerPipeline,
+    key: &PipelineKey,
     ctx: &Context,
     outcome: &Result<Converged, Error>,
     previous: Option<&MailerPipelineStatus>,
@@ -194,8 +198,7 @@ async fn publish_events(
                 changed.extend(reapplied.map(|o| format!("reapply {o}")));
                 if unchanged_spec(pipeline) {
                     // The spec is the one already applied: someone else changed these.
-                    let namespace = pipeline.namespace().unwrap_or_default();
-                    ctx.metrics.drift_repaired(&namespace, &pipeline.name_any());
+                    ctx.metrics.drift_repaired(&key.namespace, &key.name);
                     let note = format!(
                         "repaired what was changed behind the operator's back: {}",
                         changed.join("; ")
@@ -221,13 +224,8 @@ async fn publish_events(
             }
         }
     }
-    let key = format!(
-        "{}/{}",
-        pipeline.namespace().unwrap_or_default(),
-        pipeline.name_any()
-    );
     if let Some(added) = dead_letters_added(previous, status)
-        && ctx.dead_letters_event_due(&key)
+        && ctx.dead_letters_event_due(key)
     {
         let total = status.queues.and_then(|q| q.dead).unwrap_or(added);
         let note = format!(

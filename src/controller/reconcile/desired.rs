@@ -1,25 +1,30 @@
-//! Phase 3 of a reconcile: what the pipeline should have, as a pure function of the
-//! validated pipeline: its RabbitMQ topology and workers' permissions, the worker
-//! Secret and the worker Deployment. Nothing is read or written here.
+//! Step 3 of a reconcile: what the pipeline should have, as a pure function of the
+//! validated pipeline: its RabbitMQ topology, what it claims there and its workers'
+//! user and permissions, the worker Secret and the worker Deployment. Nothing is read or
+//! written here; a new workers' password comes from the `generate` it is given.
 
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 
-use super::context::Settings;
-use super::deployment::{WorkerInputs, desired_deployment, keep_live_selector, secrets_hash};
-use super::error::Error;
-use super::references::SecretRole;
-use super::resolve::Resolved;
-use super::validate::Validated;
-use super::worker_user;
+use crate::controller::broker::secrets::SecretRole;
+use crate::controller::error::Error;
+use crate::controller::objects::deployment::{
+    WorkerInputs, desired_deployment, keep_live_selector, secrets_hash,
+};
+use crate::controller::objects::worker_secret::{self, WorkerCredentials};
+use crate::controller::reconcile::resolve::Resolved;
+use crate::controller::reconcile::validate::Validated;
+use crate::controller::runtime::context::Settings;
 use crate::topology::ownership::{Claim, topology_claims};
 use crate::topology::{Permissions, Topology};
 
 /// Everything the apply phase brings about.
 pub struct Desired {
     pub topology: Topology,
+    /// The user the workers connect as, with its password.
+    pub credentials: WorkerCredentials,
     /// The workers' permissions on the vhost, when the operator manages their user.
     pub permissions: Option<Permissions>,
     pub worker_secret: Secret,
@@ -35,6 +40,7 @@ pub fn desired(
     valid: &Validated<'_>,
     resolved: &Resolved,
     settings: &Settings,
+    generate: impl FnOnce() -> String,
 ) -> Result<Desired, Error> {
     let spec = valid.spec;
     let topology = Topology::desired(
@@ -42,9 +48,9 @@ pub fn desired(
         &spec.topology,
         valid.broker.capabilities,
     )?;
-    let credentials = &valid.credentials;
-    let amqp_url = worker_user::amqp_url(&valid.broker.broker, credentials, &topology.vhost)?;
-    let worker_secret = worker_user::desired_secret(valid.pipeline, credentials, &amqp_url)?;
+    let credentials = valid.user.credentials(generate);
+    let amqp_url = worker_secret::amqp_url(&valid.broker.broker, &credentials, &topology.vhost)?;
+    let worker_secret = worker_secret::desired_secret(valid.pipeline, &credentials, &amqp_url)?;
     let mut read_by_workers = vec![&worker_secret];
     read_by_workers.extend(resolved.secret(SecretRole::Provider));
     read_by_workers.extend(resolved.secret(SecretRole::ProviderCa));
@@ -54,7 +60,7 @@ pub fn desired(
         secrets_hash: &hash,
     };
     let mut deployment = desired_deployment(valid.pipeline, inputs)?;
-    if let Some(live) = &resolved.deployment {
+    if let Some(live) = &resolved.owned.deployment {
         keep_live_selector(&mut deployment, live);
     }
     let mut claims: BTreeSet<Claim> = topology_claims(&topology.vhost, &spec.topology)
@@ -74,5 +80,6 @@ pub fn desired(
         worker_secret,
         secrets_hash: hash,
         deployment,
+        credentials,
     })
 }

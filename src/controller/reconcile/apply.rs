@@ -1,4 +1,4 @@
-//! Phase 4 of a reconcile: bring RabbitMQ and Kubernetes to what is desired, each write
+//! Step 5 of a reconcile: bring RabbitMQ and Kubernetes to what is desired, each write
 //! skipped when its object already is as desired. The worker Secret is saved before
 //! the workers' password is set in RabbitMQ, so a password RabbitMQ knows is always kept
 //! somewhere.
@@ -8,19 +8,24 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
+use kube::Client;
+use kube::api::{Api, DeleteParams};
 
-use super::context::Context;
-use super::converge::unchanged_spec;
-use super::deployment::SECRETS_HASH_ANNOTATION;
-use super::desired::Desired;
-use super::error::Error;
-use super::in_use;
-use super::ownership::{Claimed, owner_of};
-use super::resolve::Resolved;
-use super::retire::retire;
-use super::ssa::apply_if_changed;
-use super::validate::Validated;
+use crate::controller::broker::in_use;
+use crate::controller::error::Error;
+use crate::controller::kube::keda::apis;
+use crate::controller::kube::ssa::{apply_if_changed, ensure_ours};
+use crate::controller::objects::autoscaling::{
+    Autoscaling, desired_scaled_object, desired_trigger_authentication,
+};
+use crate::controller::objects::deployment::{SECRETS_HASH_ANNOTATION, deployment_name};
+use crate::controller::objects::status::unchanged_spec;
+use crate::controller::reconcile::claim::{Claimed, owner_of};
+use crate::controller::reconcile::desired::Desired;
+use crate::controller::reconcile::resolve::{LiveKeda, Resolved};
+use crate::controller::reconcile::retire::retire;
+use crate::controller::reconcile::validate::Validated;
+use crate::controller::runtime::context::Context;
 use crate::topology::ownership::Claim;
 use crate::topology::{self, Change, UserChange, UserGrant};
 
@@ -45,15 +50,16 @@ pub struct Applied {
     pub left_behind: Vec<String>,
 }
 
+/// Applies what is desired, and says whether KEDA scales the workers.
 pub async fn apply(
     ctx: &Context,
     valid: &Validated<'_>,
     resolved: &Resolved,
     desired: &Desired,
     claimed: &Claimed,
-) -> Result<Applied, Error> {
+) -> Result<(Applied, Autoscaling), Error> {
     let client = &ctx.client;
-    let namespace = &valid.namespace;
+    let namespace = &valid.key.namespace;
     let management = &valid.broker.management;
     let vhost = &desired.topology.vhost;
     let mut user_changes = Vec::new();
@@ -83,7 +89,7 @@ pub async fn apply(
 
     let mut reapplied_objects = Vec::new();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let live_secret = resolved.worker_secret.as_ref();
+    let live_secret = resolved.owned.worker_secret.as_ref();
     let secret_name = kube::ResourceExt::name_any(&desired.worker_secret);
     let applied_secret = apply_if_changed(&secrets, &desired.worker_secret, live_secret)
         .await
@@ -95,7 +101,7 @@ pub async fn apply(
         reapplied_objects.push(format!("Secret {secret_name}"));
     }
 
-    let credentials = &valid.credentials;
+    let credentials = &desired.credentials;
     if let Some(permissions) = &desired.permissions {
         let grant = UserGrant {
             username: &credentials.username,
@@ -106,7 +112,7 @@ pub async fn apply(
         user_changes.extend(management.ensure_user(&grant).await?);
     }
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
-    let live = resolved.deployment.as_ref();
+    let live = resolved.owned.deployment.as_ref();
     let name = kube::ResourceExt::name_any(&desired.deployment);
     let applied = apply_if_changed(&deployments, &desired.deployment, live)
         .await
@@ -122,6 +128,9 @@ pub async fn apply(
     {
         reapplied_objects.push(format!("Deployment {name}"));
     }
+    // KEDA's objects reference the Deployment, so they follow it.
+    let (autoscaling, reapplied) = apply_autoscaling(client, valid, &resolved.keda).await?;
+    reapplied_objects.extend(reapplied);
     if !claimed.retiring.is_empty() {
         retire_unwanted(
             valid,
@@ -133,16 +142,17 @@ pub async fn apply(
         )
         .await?;
     }
-    Ok(Applied {
+    let applied = Applied {
         left_behind,
         topology_changes,
         user_changes,
         reapplied_objects,
-        deployment: applied.or_else(|| resolved.deployment.clone()),
-    })
+        deployment: applied.or_else(|| resolved.owned.deployment.clone()),
+    };
+    Ok((applied, autoscaling))
 }
 
-/// Gives up what the pipeline holds and no longer wants (see [`super::retire`]): its
+/// Gives up what the pipeline holds and no longer wants (see [`crate::controller::reconcile::retire`]): its
 /// objects in a vhost it left or under names it changed, a workers' user it no longer
 /// uses; and the workers' permissions on a vhost it left.
 async fn retire_unwanted(
@@ -154,7 +164,7 @@ async fn retire_unwanted(
     left_behind: &mut Vec<String>,
 ) -> Result<(), Error> {
     let management = &valid.broker.management;
-    let credentials = &valid.credentials;
+    let credentials = &valid.user;
     let left: BTreeSet<&str> = retiring
         .iter()
         .filter_map(Claim::vhost)
@@ -191,6 +201,54 @@ async fn retire_unwanted(
     left_behind.extend(retired.kept.iter().map(|r| format!("keep {r}")));
     left_behind.extend(retired.left_over.iter().map(|r| format!("keep {r}")));
     Ok(())
+}
+
+/// Applies (or removes) the pipeline's KEDA objects, writing only what differs; returns
+/// the names of objects that existed and were applied again.
+async fn apply_autoscaling(
+    client: &Client,
+    valid: &Validated<'_>,
+    live: &LiveKeda,
+) -> Result<(Autoscaling, Vec<String>), Error> {
+    let pipeline = valid.pipeline;
+    let namespace = &valid.key.namespace;
+    let name = deployment_name(pipeline);
+    let [(authentications, _), (scaled_objects, _)] = apis(client, namespace);
+    let found = [
+        (
+            &authentications,
+            "TriggerAuthentication",
+            live.authentication.as_ref(),
+        ),
+        (&scaled_objects, "ScaledObject", live.scaled_object.as_ref()),
+    ];
+    let Some(autoscaling) = &pipeline.spec.worker.autoscaling else {
+        // Only what is ours is removed.
+        for (api, kind, object) in found {
+            if object.is_some() && ensure_ours(kind, object, pipeline).is_ok() {
+                api.delete(&name, &DeleteParams::default())
+                    .await
+                    .map_err(|e| Error::kube(format!("delete {kind} {namespace}/{name}"), e))?;
+            }
+        }
+        return Ok((Autoscaling::Off, Vec::new()));
+    };
+    if !live.installed {
+        return Ok((Autoscaling::Unavailable, Vec::new()));
+    }
+    let mut reapplied = Vec::new();
+    for ((api, kind, object), desired) in found.into_iter().zip([
+        desired_trigger_authentication(pipeline)?,
+        desired_scaled_object(pipeline, autoscaling)?,
+    ]) {
+        let applied = apply_if_changed(api, &desired, object)
+            .await
+            .map_err(|e| Error::kube(format!("apply {kind} {namespace}/{name}"), e))?;
+        if applied.is_some() && object.is_some() {
+            reapplied.push(format!("{kind} {name}"));
+        }
+    }
+    Ok((Autoscaling::On, reapplied))
 }
 
 fn pod_annotation<'a>(deployment: &'a Deployment, key: &str) -> Option<&'a String> {

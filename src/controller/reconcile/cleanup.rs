@@ -14,24 +14,25 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::autoscaling::Autoscaling;
-use super::connection;
-use super::context::Context;
-use super::deployment::deployment_name;
-use super::error::Error;
-use super::in_use;
-use super::ownership::owner_of;
-use super::reasons::{self, event};
-use super::retire::retire;
-use super::status::{Findings, TopologyOutcome, desired_status};
-use super::tenancy::cleanup_use;
-use super::worker_user;
+use crate::controller::broker::connection;
+use crate::controller::broker::in_use;
+use crate::controller::broker::tenancy::cleanup_use;
+use crate::controller::error::Error;
+use crate::controller::key::PipelineKey;
+use crate::controller::objects::autoscaling::Autoscaling;
+use crate::controller::objects::deployment::deployment_name;
+use crate::controller::objects::status::{Findings, TopologyOutcome, desired_status};
+use crate::controller::objects::worker_secret;
+use crate::controller::reasons::{self, event};
+use crate::controller::reconcile::claim::owner_of;
+use crate::controller::reconcile::retire::retire;
+use crate::controller::runtime::context::Context;
 use crate::spec::MailerPipeline;
 use crate::topology;
 use crate::topology::ownership::{legacy_topology_marker, topology_claims};
@@ -46,7 +47,11 @@ pub struct CleanupReport {
     pub not_cleaned_up: Vec<String>,
 }
 
-pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action, Error> {
+pub async fn cleanup(
+    pipeline: &MailerPipeline,
+    key: &PipelineKey,
+    ctx: &Context,
+) -> Result<Action, Error> {
     let (report, transient) = clean_up_rabbitmq(pipeline, ctx).await?;
     let deadline = ctx.settings.cleanup_deadline;
     let gave_up = match transient {
@@ -84,12 +89,10 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
             "NOT cleaned up (remove by hand if unwanted): {}",
             report.not_cleaned_up.join("; ")
         );
-        ctx.metrics.orphaned(
-            &pipeline.namespace().unwrap_or_default(),
-            report.not_cleaned_up.len(),
-        );
+        ctx.metrics
+            .orphaned(&key.namespace, report.not_cleaned_up.len());
         // On the pipeline too, for whoever watches it go.
-        report_left_behind(pipeline, ctx, &left).await?;
+        report_left_behind(pipeline, key, ctx, &left).await?;
         note.push(left);
         if gave_up {
             note.push(format!(
@@ -106,14 +109,13 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
         )
         .await;
     }
-    let namespace = pipeline.namespace().unwrap_or_default();
-    ctx.metrics.forget(&namespace, &pipeline.name_any());
-    ctx.forget(&format!("{namespace}/{}", pipeline.name_any()));
+    ctx.metrics.forget(&key.namespace, &key.name);
+    ctx.forget(key);
     ctx.owned.forget(
-        &namespace,
+        &key.namespace,
         &[
             deployment_name(pipeline),
-            worker_user::secret_name(pipeline),
+            worker_secret::secret_name(pipeline),
         ],
     );
     Ok(Action::await_change())
@@ -123,6 +125,7 @@ pub async fn cleanup(pipeline: &MailerPipeline, ctx: &Context) -> Result<Action,
 /// was left behind, before the finalizer goes.
 async fn report_left_behind(
     pipeline: &MailerPipeline,
+    key: &PipelineKey,
     ctx: &Context,
     left: &str,
 ) -> Result<(), Error> {
@@ -143,12 +146,9 @@ async fn report_left_behind(
         worker_user: previous.and_then(|s| s.worker_user.clone()),
     };
     let status = desired_status(previous, &findings, Timestamp::now());
-    let api: Api<MailerPipeline> = Api::namespaced(
-        ctx.client.clone(),
-        &pipeline.namespace().unwrap_or_default(),
-    );
+    let api: Api<MailerPipeline> = Api::namespaced(ctx.client.clone(), &key.namespace);
     api.patch_status(
-        &pipeline.name_any(),
+        &key.name,
         &PatchParams::default(),
         &Patch::Merge(&json!({ "status": status })),
     )
@@ -191,7 +191,7 @@ async fn remove_from_rabbitmq(
     let spec = &pipeline.spec;
     let me = owner_of(&ctx.settings.cluster_name, pipeline);
     let purpose = cleanup_use(pipeline);
-    let broker = match connection::resolve_for(&ctx.client, pipeline, purpose).await {
+    let broker = match connection::locate_for(&ctx.client, pipeline, purpose).await {
         Ok(broker) => broker,
         Err(e @ Error::Kube { .. }) if e.is_transient() => return Err(e),
         Err(e) => {

@@ -18,14 +18,14 @@ use kube::runtime::{Predicate, PredicateConfig, WatchStreamExt, predicates, watc
 use kube::{Client, ResourceExt};
 use tokio::sync::watch as signal;
 
-use super::connection::rabbitmq_cluster_resource;
-use super::context::Context;
-use super::error::Error;
-use super::index::{Guarded, ReferenceIndex, Referenced};
-use super::meta::managed_by_selector;
-use super::owned::{Owned, OwnedStores, Packed};
-use super::reconcile::{error_policy, reconcile_guarded};
-use super::signalled;
+use crate::controller::broker::connection::rabbitmq_cluster_resource;
+use crate::controller::error::Error;
+use crate::controller::kube::owned::{Owned, OwnedStores, Packed};
+use crate::controller::objects::meta::managed_by_selector;
+use crate::controller::reconcile::{error_policy, reconcile_guarded};
+use crate::controller::runtime::context::Context;
+use crate::controller::runtime::index::{Guarded, ReferenceIndex, Referenced};
+use crate::controller::signalled;
 use crate::telemetry::Health;
 
 /// How many of its own Deployments or Secrets the operator lists at once when a watch
@@ -103,7 +103,7 @@ pub async fn run_controllers(
 /// Pipelines are watched whole, through `DeserializeGuard`, and reconciled when their
 /// generation or finalizers change (their status written by the operator itself does
 /// not trigger another reconcile). What they own (Deployment, Secret) is watched whole,
-/// by the operator's label, into the caches the reconciles read ([`owned`](super::owned)),
+/// by the operator's label, into the caches the reconciles read ([`owned`](crate::controller::kube::owned)),
 /// and the Secrets and RabbitmqClusters they refer to as metadata only, mapped through
 /// the [`ReferenceIndex`].
 async fn controller_for(

@@ -11,10 +11,11 @@ use kube::core::DeserializeGuard;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
-use super::autoscaling::KedaDiscovery;
-use super::meta::FIELD_MANAGER;
-use super::metrics::Metrics;
-use super::owned::OwnedCaches;
+use crate::controller::key::PipelineKey;
+use crate::controller::kube::keda::KedaDiscovery;
+use crate::controller::kube::owned::OwnedCaches;
+use crate::controller::objects::meta::FIELD_MANAGER;
+use crate::controller::runtime::metrics::Metrics;
 use crate::spec::MailerPipeline;
 use crate::text::truncate_bytes;
 use crate::topology::Clients;
@@ -43,7 +44,7 @@ pub struct Settings {
     pub queue_depth_interval: Duration,
     /// How long a vhost's definitions, read for one reconcile, serve the others of the
     /// same broker and vhost while the operator writes nothing there
-    /// ([`SHARED_DEFINITIONS_MAX_AGE`](super::apply::SHARED_DEFINITIONS_MAX_AGE)); zero:
+    /// ([`SHARED_DEFINITIONS_MAX_AGE`](crate::controller::reconcile::apply::SHARED_DEFINITIONS_MAX_AGE)); zero:
     /// each reconcile reads its pipeline's objects by name.
     pub definitions_max_age: Duration,
     /// How long after a pipeline's `deletionTimestamp` a cleanup that failed for now
@@ -70,13 +71,13 @@ pub struct Context {
     recorder: Recorder,
     pub metrics: Metrics,
     pub settings: Settings,
-    failures: Mutex<HashMap<String, u32>>,
+    failures: Mutex<HashMap<PipelineKey, u32>>,
     /// The controllers' caches of pipelines (one per watched namespace, or one for all).
     stores: Mutex<Vec<Store<DeserializeGuard<MailerPipeline>>>>,
     /// When each pipeline's queue depths were last read.
-    depths_read: Mutex<HashMap<String, Instant>>,
+    depths_read: Mutex<HashMap<PipelineKey, Instant>>,
     /// When each pipeline's `DeadLettersGrew` was last published.
-    dead_letters_told: Mutex<HashMap<String, Instant>>,
+    dead_letters_told: Mutex<HashMap<PipelineKey, Instant>>,
     /// The controllers' caches of the Deployments and Secrets the operator made.
     pub owned: OwnedCaches,
     /// Whether KEDA is installed, as last found out.
@@ -112,13 +113,13 @@ impl Context {
     }
 
     /// Whether `key`'s queue depths are due to be read (and they count as read now).
-    pub fn queue_depths_due(&self, key: &str) -> bool {
+    pub fn queue_depths_due(&self, key: &PipelineKey) -> bool {
         due(&self.depths_read, key, self.settings.queue_depth_interval)
     }
 
     /// Whether `key`'s `DeadLettersGrew` may be published (and it counts as published
     /// now): at most once per resync interval.
-    pub fn dead_letters_event_due(&self, key: &str) -> bool {
+    pub fn dead_letters_event_due(&self, key: &PipelineKey) -> bool {
         due(&self.dead_letters_told, key, self.settings.resync_interval)
     }
 
@@ -130,7 +131,7 @@ impl Context {
     }
 
     /// Forgets what is kept about `key`, a pipeline that is gone.
-    pub fn forget(&self, key: &str) {
+    pub fn forget(&self, key: &PipelineKey) {
         for map in [&self.depths_read, &self.dead_letters_told] {
             lock(map).remove(key);
         }
@@ -139,12 +140,12 @@ impl Context {
 
     /// The delay before the next try of `key` after one more transient failure: 5s,
     /// 10s, 20s, … up to 5 minutes.
-    pub fn next_backoff(&self, key: &str) -> Duration {
+    pub fn next_backoff(&self, key: &PipelineKey) -> Duration {
         let mut failures = self
             .failures
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let count = failures.entry(key.to_string()).or_insert(0);
+        let count = failures.entry(key.clone()).or_insert(0);
         let delay = backoff_after(*count);
         *count = count.saturating_add(1);
         delay
@@ -175,7 +176,7 @@ impl Context {
     }
 
     /// Forgets `key`'s failures after a success.
-    pub fn reset_backoff(&self, key: &str) {
+    pub fn reset_backoff(&self, key: &PipelineKey) {
         self.failures
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -219,13 +220,13 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Whether `interval` passed since `key` was last due in `last`; if so it is due now.
-fn due(last: &Mutex<HashMap<String, Instant>>, key: &str, interval: Duration) -> bool {
+fn due(last: &Mutex<HashMap<PipelineKey, Instant>>, key: &PipelineKey, interval: Duration) -> bool {
     let mut last = lock(last);
     let now = Instant::now();
     match last.get(key) {
         Some(at) if now.duration_since(*at) < interval => false,
         _ => {
-            last.insert(key.to_string(), now);
+            last.insert(key.clone(), now);
             true
         }
     }
@@ -296,13 +297,17 @@ mod tests {
 
     #[test]
     fn a_throttled_read_is_due_once_per_interval_and_per_key() {
+        let key = |name: &str| PipelineKey {
+            namespace: "prod".into(),
+            name: name.into(),
+        };
         let last = Mutex::new(HashMap::new());
         let minute = Duration::from_secs(60);
-        assert!(due(&last, "prod/a", minute), "the first time");
-        assert!(!due(&last, "prod/a", minute), "again within the interval");
-        assert!(due(&last, "prod/b", minute), "another pipeline");
-        assert!(due(&last, "prod/a", Duration::ZERO), "a zero interval");
-        lock(&last).insert("prod/c".into(), Instant::now() - minute);
-        assert!(due(&last, "prod/c", minute), "once the interval passed");
+        assert!(due(&last, &key("a"), minute), "the first time");
+        assert!(!due(&last, &key("a"), minute), "again within the interval");
+        assert!(due(&last, &key("b"), minute), "another pipeline");
+        assert!(due(&last, &key("a"), Duration::ZERO), "a zero interval");
+        lock(&last).insert(key("c"), Instant::now() - minute);
+        assert!(due(&last, &key("c"), minute), "once the interval passed");
     }
 }

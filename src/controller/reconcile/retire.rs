@@ -12,8 +12,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::connection::Broker;
-use super::error::Error;
+use crate::controller::broker::connection::Broker;
+use crate::controller::error::Error;
 use crate::spec::DeletionPolicy;
 use crate::topology::desired::policy_name;
 use crate::topology::ownership::{Claim, Owner};

@@ -12,9 +12,9 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use ring::rand::{SecureRandom, SystemRandom};
 
-use super::connection::{Broker, secret_value};
-use super::error::Error;
-use super::meta::owned_meta;
+use crate::controller::broker::connection::{Broker, secret_value};
+use crate::controller::error::Error;
+use crate::controller::objects::meta::owned_meta;
 use crate::spec::MailerPipeline;
 
 pub const USERNAME_KEY: &str = "username";
@@ -29,7 +29,42 @@ pub const MANAGED_ANNOTATION: &str = "mailer.dev/user-managed";
 const PASSWORD_LENGTH: usize = 32;
 const PASSWORD_ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
 
-/// The user the workers connect as.
+/// The user the workers connect as, as validated: the one `spec.worker.userSecret`
+/// names with its password, or the operator's own with the password its Secret keeps
+/// (none for a new one: the desired phase makes one, see [`WorkerUser::credentials`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct WorkerUser {
+    pub username: String,
+    pub password: Option<String>,
+    /// Whether the operator creates, repairs and deletes this user.
+    pub managed: bool,
+}
+
+impl WorkerUser {
+    /// The user with a password: its own, or one `generate` makes.
+    pub fn credentials(&self, generate: impl FnOnce() -> String) -> WorkerCredentials {
+        WorkerCredentials {
+            username: self.username.clone(),
+            password: self.password.clone().unwrap_or_else(generate),
+            managed: self.managed,
+        }
+    }
+}
+
+impl fmt::Debug for WorkerUser {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerUser")
+            .field("username", &self.username)
+            .field(
+                "password",
+                &self.password.as_ref().map(|_| crate::redact::MASK),
+            )
+            .field("managed", &self.managed)
+            .finish()
+    }
+}
+
+/// The user the workers connect as, with its password.
 #[derive(Clone, PartialEq, Eq)]
 pub struct WorkerCredentials {
     pub username: String,
@@ -64,20 +99,20 @@ pub fn managed_username(cluster: &str, pipeline: &MailerPipeline) -> String {
     )
 }
 
-/// The operator's user, keeping the password `existing` holds for it.
-pub fn managed_credentials(
+/// The operator's user, with the password `existing` (its worker Secret) keeps for it:
+/// only one kept for this very user name.
+pub fn managed_user(
     cluster: &str,
     pipeline: &MailerPipeline,
     existing: Option<&Secret>,
-    generate: impl FnOnce() -> String,
-) -> WorkerCredentials {
+) -> WorkerUser {
     let username = managed_username(cluster, pipeline);
     let kept = existing
         .filter(|secret| secret_value(secret, USERNAME_KEY).as_deref() == Some(&username))
         .and_then(|secret| secret_value(secret, PASSWORD_KEY))
         .filter(|password| !password.is_empty());
-    WorkerCredentials {
-        password: kept.unwrap_or_else(generate),
+    WorkerUser {
+        password: kept,
         username,
         managed: true,
     }
@@ -165,14 +200,15 @@ mod tests {
     #[test]
     fn the_password_is_generated_once_and_then_kept() {
         let p = pipeline();
-        let first = managed_credentials("default", &p, None, || "generated".into());
-        assert_eq!(first.username, "mailer-worker.default.prod.shop");
+        let new = managed_user("default", &p, None);
+        assert_eq!(new.username, "mailer-worker.default.prod.shop");
+        assert_eq!(new.password, None);
+        assert!(new.managed);
+        let first = new.credentials(|| "generated".into());
         assert_eq!(first.password, "generated");
-        assert!(first.managed);
         let secret = desired_secret(&p, &first, "amqp://x").unwrap();
-        let again = managed_credentials("default", &p, Some(&secret), || {
-            panic!("must not regenerate")
-        });
+        let again = managed_user("default", &p, Some(&secret))
+            .credentials(|| panic!("must not regenerate"));
         assert_eq!(again, first);
     }
 
@@ -185,14 +221,14 @@ mod tests {
             managed: false,
         };
         let secret = desired_secret(&p, &other, "amqp://x").unwrap();
-        let creds = managed_credentials("default", &p, Some(&secret), || "fresh".into());
-        assert_eq!(creds.password, "fresh");
+        let user = managed_user("default", &p, Some(&secret));
+        assert_eq!(user.password, None);
     }
 
     #[test]
     fn the_secret_holds_the_url_and_is_owned_by_the_pipeline() {
         let p = pipeline();
-        let creds = managed_credentials("default", &p, None, || "pw".into());
+        let creds = managed_user("default", &p, None).credentials(|| "pw".into());
         let endpoint =
             crate::topology::ManagementEndpoint::with_credentials("http://rmq:15672", "admin", "a")
                 .unwrap();

@@ -7,10 +7,12 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use super::autoscaling::{Autoscaling, INSTALL_KEDA, KEDA_GROUP_VERSION};
-use super::reasons;
+use crate::controller::kube::keda::KEDA_GROUP_VERSION;
+use crate::controller::objects::autoscaling::{Autoscaling, INSTALL_KEDA};
+use crate::controller::reasons;
 use crate::spec::{
-    MailerPipelineStatus, QueueDepths, READY, TOPOLOGY_READY, WORKER_READY, WorkerCounts,
+    MailerPipeline, MailerPipelineStatus, QueueDepths, READY, TOPOLOGY_READY, WORKER_READY,
+    WorkerCounts,
 };
 use crate::text::truncate_bytes;
 
@@ -168,6 +170,14 @@ pub fn desired_status(
         }),
         worker_user: findings.worker_user.clone(),
     }
+}
+
+/// Whether the spec is the one the operator last applied in full, so a difference found
+/// now was made by someone else (drift) rather than asked for. `observedGeneration` does
+/// not tell: it is written after a failed attempt too.
+pub fn unchanged_spec(pipeline: &MailerPipeline) -> bool {
+    let applied = pipeline.status.as_ref().and_then(|s| s.applied_generation);
+    applied.is_some() && applied == pipeline.metadata.generation
 }
 
 /// How many dead letters were added since `previous`, when their number grew.

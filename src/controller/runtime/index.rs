@@ -10,7 +10,7 @@ use kube::core::DeserializeGuard;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event;
 
-use super::references::secrets_read;
+use crate::controller::broker::secrets::secrets_read;
 use crate::spec::MailerPipeline;
 
 /// A pipeline as the root watch reads it.

@@ -36,7 +36,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::error::Error;
+use crate::controller::error::Error;
 
 /// How long a reconcile waits for the caches to sync (at start) before it reads from
 /// the API server instead.

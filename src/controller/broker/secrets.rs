@@ -3,7 +3,7 @@
 
 use kube::ResourceExt;
 
-use super::connection::default_user_secret;
+use crate::controller::broker::connection::default_user_secret;
 use crate::spec::MailerPipeline;
 
 /// Why a pipeline reads a Secret.

@@ -1,14 +1,16 @@
-//! Phase 2 of a reconcile: check the spec and what the resolve phase read, once, into a
-//! [`Validated`] pipeline; the later phases take that and check nothing again.
+//! Step 2 of a reconcile: check the spec and what the resolve step read, once, into a
+//! [`Validated`] pipeline; the later steps take that and check nothing again. A pure
+//! function: it reads and writes nothing, and generates nothing either.
 
 use kube::ResourceExt;
 
-use super::connection::required_key;
-use super::error::Error;
-use super::references::SecretRole;
-use super::resolve::{Resolved, ResolvedBroker};
-use super::ssa::ensure_ours;
-use super::worker_user::{self, PASSWORD_KEY, USERNAME_KEY, WorkerCredentials};
+use crate::controller::broker::connection::required_key;
+use crate::controller::broker::secrets::SecretRole;
+use crate::controller::error::Error;
+use crate::controller::key::PipelineKey;
+use crate::controller::kube::ssa::ensure_ours;
+use crate::controller::objects::worker_secret::{self, PASSWORD_KEY, USERNAME_KEY, WorkerUser};
+use crate::controller::reconcile::resolve::{Resolved, ResolvedBroker};
 use crate::spec::{MailerPipeline, MailerPipelineSpec};
 
 /// What a PEM certificate begins with.
@@ -17,32 +19,30 @@ const PEM_CERTIFICATE: &str = "-----BEGIN CERTIFICATE-----";
 /// A pipeline whose spec and referenced Secrets passed every check.
 pub struct Validated<'a> {
     pub pipeline: &'a MailerPipeline,
-    pub namespace: String,
-    pub name: String,
+    pub key: &'a PipelineKey,
     pub spec: &'a MailerPipelineSpec,
     pub broker: &'a ResolvedBroker,
-    /// The user the workers connect as: the operator's own (its password kept from its
-    /// Secret, or new) or the one `spec.worker.userSecret` names.
-    pub credentials: WorkerCredentials,
+    /// The user the workers connect as: the operator's own (with the password its
+    /// Secret keeps, if any) or the one `spec.worker.userSecret` names.
+    pub user: WorkerUser,
 }
 
 /// Checks `pipeline` and what was resolved for it.
 pub fn validate<'a>(
     pipeline: &'a MailerPipeline,
+    key: &'a PipelineKey,
     resolved: &'a Resolved,
     cluster: &str,
 ) -> Result<Validated<'a>, Error> {
     let spec = &pipeline.spec;
     spec.validate_for_operator()?;
-    let namespace = pipeline
-        .namespace()
-        .ok_or(Error::IncompleteObject("namespace"))?;
+    let namespace = key.namespace.clone();
     if pipeline.uid().is_none() {
         return Err(Error::IncompleteObject("metadata.uid"));
     }
     // What the operator would make must be its own before anything is written.
-    ensure_ours("Deployment", resolved.deployment.as_ref(), pipeline)?;
-    ensure_ours("Secret", resolved.worker_secret.as_ref(), pipeline)?;
+    ensure_ours("Deployment", resolved.owned.deployment.as_ref(), pipeline)?;
+    ensure_ours("Secret", resolved.owned.worker_secret.as_ref(), pipeline)?;
     let broker = resolved
         .broker
         .as_ref()
@@ -71,28 +71,24 @@ pub fn validate<'a>(
             });
         }
     }
-    let credentials = match resolved.secret(SecretRole::WorkerUser) {
+    let user = match resolved.secret(SecretRole::WorkerUser) {
         Some(secret) => {
             let wanted = SecretRole::WorkerUser.wanted();
-            WorkerCredentials {
+            WorkerUser {
                 username: required_key(secret, &namespace, USERNAME_KEY, wanted)?,
-                password: required_key(secret, &namespace, PASSWORD_KEY, wanted)?,
+                password: Some(required_key(secret, &namespace, PASSWORD_KEY, wanted)?),
                 managed: false,
             }
         }
-        None => worker_user::managed_credentials(
-            cluster,
-            pipeline,
-            resolved.worker_secret.as_ref(),
-            worker_user::generate_password,
-        ),
+        None => {
+            worker_secret::managed_user(cluster, pipeline, resolved.owned.worker_secret.as_ref())
+        }
     };
     Ok(Validated {
         pipeline,
-        name: pipeline.name_any(),
-        namespace,
+        key,
         spec,
         broker,
-        credentials,
+        user,
     })
 }

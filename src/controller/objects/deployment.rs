@@ -17,9 +17,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use ring::digest::{SHA256, digest};
 
-use super::error::Error;
-use super::meta::{owned_meta, selector_labels};
-use super::worker_user::{self, URL_KEY};
+use crate::controller::error::Error;
+use crate::controller::objects::meta::{owned_meta, selector_labels};
+use crate::controller::objects::worker_secret::{self, URL_KEY};
 use crate::spec::MailerPipeline;
 
 /// The pod-template annotation with the hash of the Secrets the workers read: when one
@@ -81,7 +81,7 @@ pub fn desired_deployment(
     };
     let mut env = vec![secret_env(
         "MAIL_AMQP_URL",
-        &worker_user::secret_name(pipeline),
+        &worker_secret::secret_name(pipeline),
         URL_KEY,
     )];
     if let Some(provider) = &worker.provider {

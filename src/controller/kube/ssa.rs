@@ -20,9 +20,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::error::Error;
-use super::meta::FIELD_MANAGER;
-use super::quantity;
+use crate::controller::error::Error;
+use crate::controller::kube::quantity;
+use crate::controller::objects::meta::FIELD_MANAGER;
 use crate::spec::MailerPipeline;
 
 /// Whether every field of `desired` is in `live` with the same value. Objects may have

@@ -19,7 +19,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
-use super::error::Error;
+use crate::controller::error::Error;
 use crate::spec::MailerPipeline;
 
 /// The label on every Secret a pipeline holds.

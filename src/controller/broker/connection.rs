@@ -9,9 +9,9 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 
-use super::error::Error;
-use super::references::SecretRole;
-use super::tenancy::check_allowed;
+use crate::controller::broker::secrets::SecretRole;
+use crate::controller::broker::tenancy::check_allowed;
+use crate::controller::error::Error;
 use crate::spec::MailerPipeline;
 use crate::topology::ManagementEndpoint;
 use crate::topology::live::AmqpAddress;
@@ -20,7 +20,7 @@ use crate::topology::live::AmqpAddress;
 #[derive(Debug, Clone)]
 pub struct Broker {
     /// The metadata of the pipeline's connection Secret (`spec.rabbitmq.connectionSecret`,
-    /// in its own namespace), which its cleanup needs: see [`super::in_use`].
+    /// in its own namespace), which its cleanup needs: see [`crate::controller::broker::in_use`].
     pub connection_secret: Option<ObjectMeta>,
     /// The management API, with the operator's credentials.
     pub endpoint: ManagementEndpoint,
@@ -53,13 +53,13 @@ pub enum Use {
     Revoke,
 }
 
-/// Resolves the broker of `pipeline` through the Kubernetes API, to apply it.
-pub async fn resolve(client: &Client, pipeline: &MailerPipeline) -> Result<Broker, Error> {
-    resolve_for(client, pipeline, Use::Apply).await
+/// Finds the broker of `pipeline` through the Kubernetes API, to apply it.
+pub async fn locate(client: &Client, pipeline: &MailerPipeline) -> Result<Broker, Error> {
+    locate_for(client, pipeline, Use::Apply).await
 }
 
-/// Resolves the broker of `pipeline` for `purpose`.
-pub async fn resolve_for(
+/// Finds the broker of `pipeline` for `purpose`.
+pub async fn locate_for(
     client: &Client,
     pipeline: &MailerPipeline,
     purpose: Use,

@@ -16,11 +16,11 @@ use std::collections::BTreeSet;
 
 use kube::api::DynamicObject;
 
-use super::connection::{self, Use};
-use super::context::Context;
-use super::error::Error;
-use super::ownership::owner_of;
-use super::retire::retire;
+use crate::controller::broker::connection::{self, Use};
+use crate::controller::error::Error;
+use crate::controller::reconcile::claim::owner_of;
+use crate::controller::reconcile::retire::retire;
+use crate::controller::runtime::context::Context;
 use crate::spec::MailerPipeline;
 use crate::topology::ownership::Claim;
 
@@ -63,7 +63,7 @@ pub async fn revoke(ctx: &Context, pipeline: &MailerPipeline) -> Result<Vec<Stri
     if pipeline.spec.rabbitmq.cluster_ref.is_none() || !was_applied(pipeline) {
         return Ok(Vec::new());
     }
-    let broker = match connection::resolve_for(&ctx.client, pipeline, Use::Revoke).await {
+    let broker = match connection::locate_for(&ctx.client, pipeline, Use::Revoke).await {
         Ok(broker) => broker,
         // No such cluster: nothing there to revoke.
         Err(Error::NotAllowed { .. }) => return Ok(Vec::new()),
@@ -116,7 +116,7 @@ fn lists(list: &str, namespace: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::connection::rabbitmq_cluster_resource;
+    use crate::controller::broker::connection::rabbitmq_cluster_resource;
 
     fn cluster(annotation: Option<&str>) -> DynamicObject {
         let mut cluster = DynamicObject::new("rmq", &rabbitmq_cluster_resource());

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::leader::LeaderElection;
+use crate::controller::runtime::leader::LeaderElection;
 use crate::telemetry::Health;
 
 /// Why a leader stopped renewing.

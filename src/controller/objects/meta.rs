@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
-use super::error::Error;
+use crate::controller::error::Error;
 use crate::spec::MailerPipeline;
 
 /// The field manager of every server-side apply the operator makes, and the value of
