@@ -3,9 +3,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use mailer::cli;
+use mailer::cli::worker::WorkerArgs;
 use mailer::message::request_schema;
 use mailer::telemetry::{self, LogFormat};
-use mailer::worker::WorkerArgs;
 
 /// A mail-sending pipeline on RabbitMQ: operator, worker and tools in one binary.
 #[derive(Parser)]

@@ -1,5 +1,6 @@
-//! The arguments of `mailer worker`'s siblings `mailer run` and `mailer send`, turned into
-//! calls of [`crate::worker`] and [`crate::message`].
+//! The arguments of `mailer worker` (environment variables, each also a flag) and of its
+//! siblings `mailer run` and `mailer send`, turned into calls of [`crate::worker`] and
+//! [`crate::message`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,9 +8,98 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use crate::mail;
 use crate::message::publish::{Destination, publish_request};
 use crate::message::{MailRequest, parse_request, unique_id};
-use crate::worker::WorkerArgs;
+use crate::worker::Worker;
+use crate::worker::config::{ConfigError, Timeouts, amqp_user};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    /// The broker: amqp://user:pass@host:5672/vhost or amqps://…
+    #[arg(long, env = "MAIL_AMQP_URL", hide_env_values = true)]
+    pub amqp_url: String,
+    /// Where mail goes: smtp://[user:pass@]host[:port][?tls=required], smtps://…,
+    /// file:///dir or discard://
+    #[arg(long, env = "MAIL_PROVIDER_URL", hide_env_values = true)]
+    pub provider_url: String,
+    /// A CA certificate (PEM) to trust, besides the public ones, for TLS to the provider,
+    /// e.g. an internal relay's.
+    #[arg(long, env = "MAIL_PROVIDER_CA_FILE")]
+    pub provider_ca_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub tuning: WorkerTuning,
+}
+
+/// Everything but the two URLs, shared with `mailer run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerTuning {
+    /// Attempts before a request that keeps failing for now is dead-lettered as gave-up.
+    #[arg(long, env = "MAIL_MAX_ATTEMPTS", default_value_t = mail::DEFAULT_MAX_ATTEMPTS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_attempts: u32,
+    /// Unacknowledged deliveries held, and processed, at once.
+    #[arg(long, env = "MAIL_PREFETCH", default_value_t = mail::DEFAULT_PREFETCH,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub prefetch: u16,
+    /// The queue to consume.
+    #[arg(long, env = "MAIL_QUEUE", default_value = mail::SEND_QUEUE)]
+    pub queue: String,
+    /// The exchange requests that failed for now are parked through.
+    #[arg(long, env = "MAIL_RETRY_EXCHANGE", default_value = mail::RETRY_EXCHANGE)]
+    pub retry_exchange: String,
+    /// The exchange requests that never will succeed are published to.
+    #[arg(long, env = "MAIL_DEAD_EXCHANGE", default_value = mail::DEAD_EXCHANGE)]
+    pub dead_exchange: String,
+    /// The routing key parked and dead requests are published with.
+    #[arg(long, env = "MAIL_SEND_KEY", default_value = mail::SEND_KEY)]
+    pub send_key: String,
+    /// Where /metrics, /livez and /readyz are served.
+    #[arg(long, env = "MAIL_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+    /// How long a stopping worker waits for deliveries in flight, e.g. 30s.
+    #[arg(long, env = "MAIL_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: Duration,
+    /// How long one attempt to connect to the broker may take; failed attempts are
+    /// retried with backoff before the worker gives up.
+    #[arg(long, env = "MAIL_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+    /// How long the broker may take to confirm a park or dead-letter publish (and to
+    /// answer a cancel or close); a publish that times out failed.
+    #[arg(long, env = "MAIL_PUBLISH_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub publish_timeout: Duration,
+    /// How long one send may take, the whole SMTP transaction; a send that takes longer
+    /// failed for now (class `timeout`).
+    #[arg(long, env = "MAIL_SEND_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub send_timeout: Duration,
+}
+
+impl WorkerArgs {
+    /// Checks every value and builds the worker, or names the first value that is wrong.
+    pub fn into_worker(self) -> Result<Worker, ConfigError> {
+        let user = amqp_user(&self.amqp_url)?;
+        let provider =
+            crate::provider::from_url_with(&self.provider_url, self.provider_ca_file.as_deref())?;
+        let t = self.tuning;
+        Ok(Worker {
+            amqp_url: self.amqp_url,
+            user,
+            provider,
+            max_attempts: t.max_attempts,
+            prefetch: t.prefetch,
+            queue: t.queue,
+            retry_exchange: t.retry_exchange,
+            dead_exchange: t.dead_exchange,
+            send_key: t.send_key,
+            timeouts: Timeouts {
+                connect: t.connect_timeout,
+                publish: t.publish_timeout,
+                send: t.send_timeout,
+                shutdown: t.shutdown_timeout,
+            },
+        })
+    }
+}
 
 /// `mailer worker`: consume until SIGTERM or SIGINT.
 pub async fn worker(args: WorkerArgs) -> Result<()> {
@@ -144,8 +234,27 @@ pub async fn send(args: SendArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use crate::amqp::connect::DEFAULT_CONNECT_TIMEOUT;
     use crate::amqp::publish::DEFAULT_PUBLISH_TIMEOUT;
+
+    #[test]
+    fn the_flag_defaults_are_the_timeouts_defaults() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: WorkerArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "worker",
+            "--amqp-url",
+            "amqp://h",
+            "--provider-url",
+            "discard://",
+        ]);
+        let worker = cli.unwrap().args.into_worker().unwrap();
+        assert_eq!(worker.timeouts, Timeouts::default());
+    }
 
     #[test]
     fn the_flag_defaults_are_the_library_defaults() {

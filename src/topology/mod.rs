@@ -18,6 +18,7 @@ pub mod ownership;
 pub mod reconcile;
 pub mod snapshot;
 pub mod users;
+pub mod version;
 
 pub use broker::BrokerCapabilities;
 pub use declare::AmqpDeclarer;

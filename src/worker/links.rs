@@ -12,7 +12,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer, Event};
 use tracing::warn;
 
-use super::consume::WorkerError;
+use super::error::WorkerError;
 use crate::amqp::{ConnectError, connect};
 use crate::telemetry::Health;
 

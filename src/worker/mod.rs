@@ -4,6 +4,7 @@
 pub mod attempt;
 pub mod config;
 pub mod consume;
+pub mod error;
 pub mod links;
 pub mod metrics;
 pub mod outcome;
@@ -12,6 +13,6 @@ pub mod serve;
 pub mod settle;
 pub mod standalone;
 
-pub use config::WorkerArgs;
-pub use consume::{Worker, WorkerError};
+pub use consume::Worker;
+pub use error::WorkerError;
 pub use serve::serve;

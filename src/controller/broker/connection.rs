@@ -2,16 +2,17 @@
 //! RabbitmqCluster its `clusterRef` names (the cluster's default-user Secret and its
 //! Service's management port).
 
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 
-use crate::controller::broker::secrets::SecretRole;
-use crate::controller::broker::tenancy::check_allowed;
+use crate::controller::broker::secrets::{SecretRole, default_user_secret};
+use crate::controller::broker::tenancy::{Use, check_allowed};
 use crate::controller::error::Error;
+use crate::controller::kube::secrets::{get_secret, required_key, secret_value};
 use crate::spec::MailerPipeline;
 use crate::topology::ManagementEndpoint;
 use crate::topology::live::AmqpAddress;
@@ -42,16 +43,6 @@ impl Broker {
 /// `amqp://rabbitmq.shop.svc:5672`; without it, the management API's host on 5672 (5671
 /// when the management API is https).
 pub const AMQP_URI_KEY: &str = "amqpUri";
-
-/// Whether a cluster of another namespace must allow the pipeline's namespace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Use {
-    /// To apply the pipeline: the cluster must allow its namespace.
-    Apply,
-    /// To take away what the operator gave the pipeline there (its namespace is no
-    /// longer allowed): the cluster's credentials are used by the operator alone.
-    Revoke,
-}
 
 /// Finds the broker of `pipeline` through the Kubernetes API, to apply it.
 pub async fn locate(client: &Client, pipeline: &MailerPipeline) -> Result<Broker, Error> {
@@ -226,11 +217,6 @@ impl ClusterNames {
     }
 }
 
-/// The cluster-operator's name for a RabbitmqCluster's default-user Secret.
-pub fn default_user_secret(cluster: &str) -> String {
-    format!("{cluster}-default-user")
-}
-
 /// The management API behind a cluster's Service: its `management` port over http, or
 /// its `management-tls` port over https; 15672 when the Service names neither.
 pub fn management_url(service_name: &str, namespace: &str, service: &Service) -> String {
@@ -253,58 +239,9 @@ pub fn management_url(service_name: &str, namespace: &str, service: &Service) ->
     format!("{scheme}://{service_name}.{namespace}.svc:{port}")
 }
 
-/// A Secret that must exist; `wanted` says what it should hold when it does not.
-pub async fn get_secret(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    wanted: &str,
-) -> Result<Secret, Error> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    secrets
-        .get_opt(name)
-        .await
-        .map_err(|e| Error::kube(format!("read Secret {namespace}/{name}"), e))?
-        .ok_or_else(|| Error::MissingSecret {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-            wanted: wanted.to_string(),
-        })
-}
-
-/// The value of `key`, from `data` or `stringData`, as text.
-pub fn secret_value(secret: &Secret, key: &str) -> Option<String> {
-    if let Some(bytes) = secret.data.as_ref().and_then(|data| data.get(key)) {
-        return String::from_utf8(bytes.0.clone()).ok();
-    }
-    secret
-        .string_data
-        .as_ref()
-        .and_then(|data| data.get(key))
-        .cloned()
-}
-
-/// The value of `key`, or an error that names the Secret, the key and what belongs there.
-pub fn required_key(
-    secret: &Secret,
-    namespace: &str,
-    key: &str,
-    what: &str,
-) -> Result<String, Error> {
-    secret_value(secret, key)
-        .filter(|value| !value.is_empty())
-        .ok_or_else(|| Error::MissingSecretKey {
-            namespace: namespace.to_string(),
-            name: secret.name_any(),
-            key: key.to_string(),
-            what: what.to_string(),
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::ByteString;
     use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
     use serde_json::json;
 
@@ -387,22 +324,6 @@ mod tests {
                 secret: "custom-user".into(),
                 service: "custom-svc".into()
             }
-        );
-    }
-
-    #[test]
-    fn a_missing_or_empty_key_is_named() {
-        let mut secret = Secret::default();
-        secret.metadata.name = Some("conn".into());
-        secret.data = Some([("uri".to_string(), ByteString(b"http://h".to_vec()))].into());
-        secret.string_data = Some([("username".to_string(), String::new())].into());
-        assert_eq!(secret_value(&secret, "uri").as_deref(), Some("http://h"));
-        let err = required_key(&secret, "shop", "username", "the user")
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            err,
-            "Secret shop/conn has no key \"username\"; add the user under that key"
         );
     }
 }

@@ -3,7 +3,6 @@
 
 use kube::ResourceExt;
 
-use crate::controller::broker::connection::default_user_secret;
 use crate::spec::MailerPipeline;
 
 /// Why a pipeline reads a Secret.
@@ -48,6 +47,11 @@ pub struct SecretRead {
     pub namespace: String,
     pub name: String,
     pub role: SecretRole,
+}
+
+/// The cluster-operator's name for a RabbitmqCluster's default-user Secret.
+pub fn default_user_secret(cluster: &str) -> String {
+    format!("{cluster}-default-user")
 }
 
 /// Every Secret `pipeline` reads (its own worker Secret aside, which it writes).

@@ -8,21 +8,25 @@
 //! always allowed.
 //!
 //! Allowing is not for ever: when a namespace leaves the annotation, its pipelines'
-//! workers' users that the operator made in that cluster are removed ([`revoke`]), so
-//! their access ends with the permission, while what the pipelines hold otherwise stays
-//! theirs (the mail in their queues included).
-
-use std::collections::BTreeSet;
+//! workers' users that the operator made in that cluster are removed
+//! ([`crate::controller::reconcile::revoke`]), so their access ends with the permission,
+//! while what the pipelines hold otherwise stays theirs (the mail in their queues
+//! included).
 
 use kube::api::DynamicObject;
 
-use crate::controller::broker::connection::{self, Use};
 use crate::controller::error::Error;
-use crate::controller::reconcile::claim::owner_of;
-use crate::controller::reconcile::retire::retire;
-use crate::controller::runtime::context::Context;
 use crate::spec::MailerPipeline;
-use crate::topology::ownership::Claim;
+
+/// Whether a cluster of another namespace must allow the pipeline's namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// To apply the pipeline: the cluster must allow its namespace.
+    Apply,
+    /// To take away what the operator gave the pipeline there (its namespace is no
+    /// longer allowed): the cluster's credentials are used by the operator alone.
+    Revoke,
+}
 
 /// The annotation on a RabbitmqCluster that lists the namespaces whose pipelines may
 /// use it.
@@ -53,37 +57,6 @@ pub fn check_allowed(
             namespace: pipeline_namespace.to_string(),
         })
     }
-}
-
-/// Removes the workers' users the operator made for `pipeline` in the broker of its
-/// `clusterRef`, which no longer allows the pipeline's namespace; returns their names.
-/// The cluster's credentials serve the operator alone here: nothing read reaches the
-/// pipeline's status or events (the caller reports `NotAllowed` whatever this finds).
-pub async fn revoke(ctx: &Context, pipeline: &MailerPipeline) -> Result<Vec<String>, Error> {
-    if pipeline.spec.rabbitmq.cluster_ref.is_none() || !was_applied(pipeline) {
-        return Ok(Vec::new());
-    }
-    let broker = match connection::locate_for(&ctx.client, pipeline, Use::Revoke).await {
-        Ok(broker) => broker,
-        // No such cluster: nothing there to revoke.
-        Err(Error::NotAllowed { .. }) => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    let management = ctx.brokers.get(&broker.endpoint)?;
-    let me = owner_of(&ctx.settings.cluster_name, pipeline);
-    let users: BTreeSet<Claim> = management
-        .markers()
-        .await?
-        .held_by(&me.uid)
-        .into_iter()
-        .filter(|claim| matches!(claim, Claim::User { .. }))
-        .collect();
-    if users.is_empty() {
-        return Ok(Vec::new());
-    }
-    let policy = pipeline.spec.topology.deletion_policy;
-    let retired = retire(&management, &broker, &me, &users, policy).await?;
-    Ok(retired.users_removed)
 }
 
 /// Whether the operator ever applied `pipeline`, as its status (which only the operator

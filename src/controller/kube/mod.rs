@@ -6,4 +6,5 @@ pub mod keda;
 pub mod owned;
 pub mod quantity;
 pub mod rbac;
+pub mod secrets;
 pub mod ssa;

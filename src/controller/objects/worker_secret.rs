@@ -12,10 +12,11 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use ring::rand::{SecureRandom, SystemRandom};
 
-use crate::controller::broker::connection::{Broker, secret_value};
 use crate::controller::error::Error;
+use crate::controller::kube::secrets::secret_value;
 use crate::controller::objects::meta::owned_meta;
 use crate::spec::MailerPipeline;
+use crate::topology::live::AmqpAddress;
 
 pub const USERNAME_KEY: &str = "username";
 pub const PASSWORD_KEY: &str = "password";
@@ -145,14 +146,8 @@ pub fn generate_password() -> String {
 }
 
 /// The workers' AMQP URL: the broker's AMQP address, the workers' credentials, the vhost.
-pub fn amqp_url(
-    broker: &Broker,
-    credentials: &WorkerCredentials,
-    vhost: &str,
-) -> Result<String, Error> {
-    Ok(broker
-        .amqp
-        .url(&credentials.username, &credentials.password, vhost))
+pub fn amqp_url(amqp: &AmqpAddress, credentials: &WorkerCredentials, vhost: &str) -> String {
+    amqp.url(&credentials.username, &credentials.password, vhost)
 }
 
 /// The Secret the pipeline owns with the workers' user and URL.
@@ -232,13 +227,7 @@ mod tests {
         let endpoint =
             crate::topology::ManagementEndpoint::with_credentials("http://rmq:15672", "admin", "a")
                 .unwrap();
-        let broker = Broker {
-            connection_secret: None,
-            amqp: crate::topology::live::AmqpAddress::beside(&endpoint),
-            endpoint,
-            management_url: "http://rmq:15672".into(),
-        };
-        let url = amqp_url(&broker, &creds, "shop/eu").unwrap();
+        let url = amqp_url(&AmqpAddress::beside(&endpoint), &creds, "shop/eu");
         assert_eq!(
             url,
             "amqp://mailer%2Dworker%2Edefault%2Eprod%2Eshop:pw@rmq:5672/shop%2Feu"

@@ -49,7 +49,8 @@ pub fn desired(
         valid.broker.capabilities,
     )?;
     let credentials = valid.user.credentials(generate);
-    let amqp_url = worker_secret::amqp_url(&valid.broker.broker, &credentials, &topology.vhost)?;
+    let amqp_url =
+        worker_secret::amqp_url(&valid.broker.broker.amqp, &credentials, &topology.vhost);
     let worker_secret = worker_secret::desired_secret(valid.pipeline, &credentials, &amqp_url)?;
     let mut read_by_workers = vec![&worker_secret];
     read_by_workers.extend(resolved.secret(SecretRole::Provider));

@@ -25,6 +25,7 @@ pub mod observe;
 pub mod report;
 pub mod resolve;
 pub mod retire;
+pub mod revoke;
 pub mod unreadable;
 pub mod validate;
 
@@ -38,7 +39,6 @@ use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
 use kube::{Resource, ResourceExt};
 
-use crate::controller::broker::tenancy::revoke;
 use crate::controller::error::Error;
 use crate::controller::key::PipelineKey;
 use crate::controller::objects::autoscaling::Autoscaling;
@@ -203,7 +203,7 @@ fn flatten(error: finalizer::Error<Error>) -> Error {
 /// operator made there. What fails is logged and tried again at the next reconcile; the
 /// pipeline is told `NotAllowed` either way, and an event names the users removed.
 async fn revoke_access(pipeline: &MailerPipeline, ctx: &Context) {
-    match revoke(ctx, pipeline).await {
+    match revoke::revoke(ctx, pipeline).await {
         Ok(users) if users.is_empty() => {}
         Ok(users) => {
             tracing::info!(users = ?users, "removed the workers' users of a pipeline its cluster no longer allows");

@@ -12,11 +12,12 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject};
 
-use crate::controller::broker::connection::{self, Broker, get_secret};
+use crate::controller::broker::connection::{self, Broker};
 use crate::controller::broker::secrets::{SecretRole, secrets_read};
 use crate::controller::error::Error;
 use crate::controller::key::PipelineKey;
 use crate::controller::kube::keda::apis;
+use crate::controller::kube::secrets::get_secret;
 use crate::controller::kube::ssa::ensure_ours;
 use crate::controller::objects::deployment::deployment_name;
 use crate::controller::objects::worker_secret;

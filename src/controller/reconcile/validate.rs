@@ -4,10 +4,10 @@
 
 use kube::ResourceExt;
 
-use crate::controller::broker::connection::required_key;
 use crate::controller::broker::secrets::SecretRole;
 use crate::controller::error::Error;
 use crate::controller::key::PipelineKey;
+use crate::controller::kube::secrets::required_key;
 use crate::controller::kube::ssa::ensure_ours;
 use crate::controller::objects::worker_secret::{self, PASSWORD_KEY, USERNAME_KEY, WorkerUser};
 use crate::controller::reconcile::resolve::{Resolved, ResolvedBroker};

@@ -1,0 +1,40 @@
+//! Why the worker stopped.
+
+use super::settle::SettleError;
+use crate::amqp::ConnectError;
+
+/// Why the worker stopped before it was asked to, or could not stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error(
+        "cannot consume {queue}: {source}; does the queue exist (mailer topology apply creates it) and may this user read it?"
+    )]
+    Consume { queue: String, source: lapin::Error },
+    #[error("the broker did not answer in time while {0}")]
+    Timeout(&'static str),
+    #[error("the broker connection failed: {0}")]
+    Channel(#[from] lapin::Error),
+    #[error(
+        "the connection that consumes was lost ({source}); {abandoned} deliveries in flight were abandoned and the broker redelivers them"
+    )]
+    ConsumeLost {
+        source: lapin::Error,
+        abandoned: usize,
+    },
+    #[error("the connection that publishes was lost: {0}")]
+    PublishLost(lapin::Error),
+    #[error(
+        "the broker stopped delivering from {queue} (the consumer was cancelled: was the queue deleted?)"
+    )]
+    ConsumerCancelled { queue: String },
+    #[error(
+        "a delivery could not be settled, so the worker stops and the broker will redeliver it: {0}"
+    )]
+    Settle(#[from] SettleError),
+    #[error(
+        "{0} deliveries were still in flight after the shutdown timeout; the broker will redeliver them"
+    )]
+    ShutdownTimeout(usize),
+}
