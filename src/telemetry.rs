@@ -198,6 +198,21 @@ async fn readyz(State(served): State<Served>) -> impl IntoResponse {
     }
 }
 
+/// A future that resolves on SIGTERM (what Kubernetes sends) or SIGINT (Ctrl-C): how every
+/// process of the mailer is asked to stop. The handlers are installed before this
+/// returns, not when the future is first polled.
+pub fn stop_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -94,7 +94,7 @@ impl BenchVhost {
     }
 
     pub fn amqp_url(&self) -> String {
-        mailer::topology::live::with_vhost(&amqp_base(), &self.name).expect("an AMQP URL")
+        mailer::amqp::address::with_vhost(&amqp_base(), &self.name).expect("an AMQP URL")
     }
 
     pub async fn connect(&self) -> Result<Connection> {

@@ -1,6 +1,7 @@
 //! What every AMQP client of the mailer shares: connecting with a deadline and publishing
 //! with confirms (`mailer worker`, `mailer send`, `mailer dead replay`).
 
+pub mod address;
 pub mod connect;
 pub mod pipelined;
 pub mod publish;

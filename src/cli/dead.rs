@@ -5,14 +5,14 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 
+use crate::amqp::address::amqp_user;
+use crate::amqp::address::with_vhost;
 use crate::dead::filter::{parse_age, parse_domain, parse_reason};
 use crate::dead::inspect::{self, Format};
 use crate::dead::replay::{Rate, ReplayOptions};
 use crate::dead::{Filter, Target, purge, replay};
 use crate::mail;
 use crate::manifest::{self, display_name};
-use crate::topology::live::with_vhost;
-use crate::worker::config::amqp_user;
 
 #[derive(Debug, clap::Args)]
 pub struct DeadArgs {
@@ -232,9 +232,9 @@ pub async fn run(args: DeadArgs) -> Result<()> {
             rate,
         } => {
             let target = source.target()?;
-            let user = amqp_user(&target.amqp_url)?;
+            let user = amqp_user(&target.amqp_url).map_err(anyhow::Error::msg)?;
             let options = ReplayOptions { dry_run, rate };
-            let stop = crate::worker::serve::stop_signal()?;
+            let stop = crate::telemetry::stop_signal()?;
             replay::replay(&target, &filters.into(), options, &user, stop, &mut out).await?;
         }
         DeadAction::Purge {

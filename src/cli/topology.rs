@@ -2,9 +2,9 @@
 
 use anyhow::Result;
 
+use crate::amqp::address::with_vhost;
 use crate::manifest::{self, display_name};
 use crate::spec::{DeletionPolicy, MailerPipeline};
-use crate::topology::live::{amqp_url_for, with_vhost};
 use crate::topology::reconcile::EmptinessCheck;
 use crate::topology::{self, AmqpDeclarer, Management, ManagementEndpoint, Topology};
 
@@ -81,7 +81,7 @@ async fn delete(
     let vhost = &desired.vhost;
     let live_url = match amqp_url {
         Some(url) => with_vhost(url, vhost).map_err(anyhow::Error::msg)?,
-        None => amqp_url_for(endpoint, vhost),
+        None => endpoint.amqp_url(vhost),
     };
     let check = if force {
         EmptinessCheck::Force

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::mail;
-use crate::message::publish::{Destination, publish_request};
+use crate::message::send::{Destination, publish_request};
 use crate::message::{MailRequest, parse_request, unique_id};
 use crate::worker::Worker;
 use crate::worker::config::{ConfigError, Timeouts, amqp_user};

@@ -32,7 +32,7 @@ pub use runtime::context::{Context, Settings};
 
 use crate::telemetry::{Health, spawn_server};
 use runtime::leader::LeaderElection;
-use runtime::leadership::{Renewal, keep_leading, wait_for_leadership};
+use runtime::leader::{Renewal, keep_leading, wait_for_leadership};
 use runtime::metrics::Metrics;
 
 /// How long the main loop may go without a heartbeat before `/livez` fails.
@@ -87,8 +87,10 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot serve metrics on {}: {e}", options.metrics_addr))?;
 
     let (stop_tx, stop) = signal::channel(false);
+    let terminated = crate::telemetry::stop_signal()
+        .map_err(|e| anyhow::anyhow!("cannot listen for SIGTERM and SIGINT: {e}"))?;
     tokio::spawn(async move {
-        wait_for_termination().await;
+        terminated.await;
         let _ = stop_tx.send(true);
     });
 
@@ -178,30 +180,5 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
 pub async fn signalled(signal: &mut signal::Receiver<bool>) {
     if signal.wait_for(|on| *on).await.is_err() {
         std::future::pending::<()>().await;
-    }
-}
-
-/// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C.
-async fn wait_for_termination() {
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(
-            tokio::signal::unix::SignalKind::terminate(),
-        ) {
-            Ok(term) => term,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the controller");
-                let _ = tokio::signal::ctrl_c().await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }

@@ -21,8 +21,8 @@ use crate::text::truncate;
 mod body_text;
 mod checked;
 pub mod id;
-pub mod publish;
 mod rendered;
+pub mod send;
 mod wire;
 
 pub use checked::Mail;

@@ -19,8 +19,8 @@ use lapin::{Channel, Connection, ErrorKind, ExchangeKind as AmqpExchangeKind};
 use super::TopologyError;
 use super::desired::ExchangeKind;
 use super::diff::Change;
-use super::live::with_vhost;
 use super::management::{MAX_IN_FLIGHT, Management};
+use crate::amqp::address::with_vhost;
 use crate::amqp::connect;
 use crate::amqp::connect::DEFAULT_CONNECT_TIMEOUT;
 

@@ -22,6 +22,7 @@ use super::desired::{Binding, ExchangeKind, POLICY_PRIORITY};
 use super::diff::Change;
 use super::ownership::SharedMarkers;
 use super::snapshot::SharedSnapshots;
+use crate::amqp::address::AmqpAddress;
 use crate::redact::{MASK, credentials};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -134,6 +135,19 @@ impl ManagementEndpoint {
 
     pub fn password(&self) -> &str {
         &self.password
+    }
+
+    /// Where the broker behind this API takes AMQP connections, when nothing says
+    /// otherwise: the same host on AMQP's standard port (5671 with TLS when the API is
+    /// served over https).
+    pub fn amqp_address(&self) -> AmqpAddress {
+        AmqpAddress::standard(self.host(), self.is_tls())
+    }
+
+    /// The AMQP URL of `vhost` on the broker behind this API, with its credentials.
+    pub fn amqp_url(&self, vhost: &str) -> String {
+        self.amqp_address()
+            .url(&self.username, self.password(), vhost)
     }
 
     pub fn is_tls(&self) -> bool {
@@ -614,6 +628,14 @@ mod tests {
         assert!(Arc::ptr_eq(&a, &again));
         assert!(!Arc::ptr_eq(&a, &other_user));
         assert!(!Arc::ptr_eq(&a, &other_host));
+    }
+
+    #[test]
+    fn the_amqp_url_follows_the_management_endpoint() {
+        let e = ManagementEndpoint::parse("http://gu%40st:p%2Fw@rabbit:15672").unwrap();
+        assert_eq!(e.amqp_url("/"), "amqp://gu%40st:p%2Fw@rabbit:5672/%2F");
+        let e = ManagementEndpoint::with_credentials("https://rabbit", "u", "p").unwrap();
+        assert_eq!(e.amqp_url("shop"), "amqps://u:p@rabbit:5671/shop");
     }
 
     #[test]

@@ -46,39 +46,14 @@ pub enum ConfigError {
     ProviderUrl(#[from] crate::provider::ProviderUrlError),
 }
 
-/// The broker user of an AMQP URL (`guest` when it names none, as AMQP clients assume).
+/// The broker user of an AMQP URL (`guest` when it names none), or which value is wrong.
 pub fn amqp_user(amqp_url: &str) -> Result<String, ConfigError> {
-    let shown = crate::redact::redact_url(amqp_url);
-    let url = url::Url::parse(amqp_url).map_err(|e| {
-        ConfigError::AmqpUrl(format!(
-            "{shown} is not a URL ({e}); write it as amqp://USER:PASSWORD@HOST:5672/VHOST"
-        ))
-    })?;
-    if !matches!(url.scheme(), "amqp" | "amqps") || url.host_str().is_none() {
-        return Err(ConfigError::AmqpUrl(format!(
-            "{shown} is not an AMQP URL; write it as amqp://USER:PASSWORD@HOST:5672/VHOST (or amqps://)"
-        )));
-    }
-    let (user, _) = crate::redact::credentials(&url);
-    Ok(if user.is_empty() {
-        "guest".to_string()
-    } else {
-        user
-    })
+    crate::amqp::address::amqp_user(amqp_url).map_err(ConfigError::AmqpUrl)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_user_comes_from_the_url() {
-        assert_eq!(
-            amqp_user("amqp://mailer%2Dw:pw@h:5672/shop").unwrap(),
-            "mailer-w"
-        );
-        assert_eq!(amqp_user("amqps://h").unwrap(), "guest");
-    }
 
     #[test]
     fn bad_urls_are_named_without_their_password() {

@@ -1,5 +1,5 @@
 //! The consume loop: up to `prefetch` deliveries processed at once, each acked only once
-//! its outcome is settled ([`super::settle`]).
+//! its outcome is settled ([`super::delivery`]).
 //!
 //! How it stops:
 //! - SIGTERM: no new delivery; those in flight are finished within the shutdown timeout.
@@ -26,11 +26,11 @@ use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
 use super::config::Timeouts;
+use super::delivery::{SettleError, Shared, handle};
 use super::error::WorkerError;
 use super::links::{self, Events, LinkEvent, Links, Plan};
 use super::metrics::{OutcomeLabel, WorkerMetrics};
-use super::publish::Publisher;
-use super::settle::{SettleError, Shared, handle};
+use super::park::Publisher;
 use crate::provider::Provider;
 use crate::redact::redact_url;
 use crate::telemetry::Health;

@@ -1,6 +1,6 @@
 //! Why the worker stopped.
 
-use super::settle::SettleError;
+use super::delivery::SettleError;
 use crate::amqp::ConnectError;
 
 /// Why the worker stopped before it was asked to, or could not stop cleanly.

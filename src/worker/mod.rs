@@ -4,13 +4,13 @@
 pub mod attempt;
 pub mod config;
 pub mod consume;
+pub mod delivery;
 pub mod error;
 pub mod links;
 pub mod metrics;
 pub mod outcome;
-pub mod publish;
+pub mod park;
 pub mod serve;
-pub mod settle;
 pub mod standalone;
 
 pub use consume::Worker;

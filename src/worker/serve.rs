@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use prometheus_client::registry::Registry;
-use tokio::signal::unix::{SignalKind, signal};
 
 use super::Worker;
 use super::metrics::WorkerMetrics;
@@ -21,7 +20,7 @@ const STALL_AFTER: Duration = Duration::from_secs(60);
 pub async fn serve(worker: Worker, http_addr: SocketAddr) -> Result<()> {
     // Listening for the signals comes first, so that one arriving at any later moment,
     // connecting included, stops the worker as asked.
-    let stop = stop_signal().context("cannot listen for SIGTERM and SIGINT")?;
+    let stop = telemetry::stop_signal().context("cannot listen for SIGTERM and SIGINT")?;
     let mut registry = Registry::default();
     let metrics = Arc::new(WorkerMetrics::register(&mut registry));
     let health = Health::new(STALL_AFTER);
@@ -33,17 +32,4 @@ pub async fn serve(worker: Worker, http_addr: SocketAddr) -> Result<()> {
     let result = worker.run(metrics, health, stop).await;
     server.abort();
     Ok(result?)
-}
-
-/// A future that resolves on SIGTERM or SIGINT; the handlers are installed before this
-/// returns, not when the future is first polled.
-pub fn stop_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    Ok(async move {
-        tokio::select! {
-            _ = terminate.recv() => {}
-            _ = interrupt.recv() => {}
-        }
-    })
 }

@@ -4,8 +4,8 @@ use anyhow::{Result, bail};
 
 use super::Worker;
 use super::config::{Timeouts, amqp_user};
+use crate::amqp::address::with_vhost;
 use crate::manifest::{self, display_name};
-use crate::topology::live::with_vhost;
 use crate::topology::{self, Management, ManagementEndpoint, Topology};
 
 /// Applies the topology of the one pipeline in `file` and returns the worker for it,

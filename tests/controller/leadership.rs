@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use mailer::controller::runtime::leader::{LeaderElection, LeaseError};
-use mailer::controller::runtime::leadership::{Renewal, keep_leading};
+use mailer::controller::runtime::leader::{Renewal, keep_leading};
 use mailer::controller::runtime::watch::run_controllers;
 use mailer::telemetry::Health;
 use serde_json::json;

@@ -126,7 +126,7 @@ impl Pipeline {
 
     pub fn amqp_url(&self) -> String {
         let base = format!("amqp://guest:guest@127.0.0.1:{}", Node::get().amqp_port);
-        mailer::topology::live::with_vhost(&base, &self.vhost).expect("AMQP URL")
+        mailer::amqp::address::with_vhost(&base, &self.vhost).expect("AMQP URL")
     }
 
     pub async fn connect(&self) -> Connection {

@@ -151,7 +151,7 @@ impl TestVhost {
     }
 
     pub fn amqp_url(&self) -> String {
-        mailer::topology::live::with_vhost(&amqp_base(), &self.name).expect("AMQP URL")
+        mailer::amqp::address::with_vhost(&amqp_base(), &self.name).expect("AMQP URL")
     }
 
     pub async fn connect(&self) -> Connection {

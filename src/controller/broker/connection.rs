@@ -9,13 +9,13 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 
+use crate::amqp::address::AmqpAddress;
 use crate::controller::broker::secrets::{SecretRole, default_user_secret};
 use crate::controller::broker::tenancy::{Use, check_allowed};
 use crate::controller::error::Error;
 use crate::controller::kube::secrets::{get_secret, required_key, secret_value};
 use crate::spec::MailerPipeline;
 use crate::topology::ManagementEndpoint;
-use crate::topology::live::AmqpAddress;
 
 /// The broker a pipeline uses and the operator's credentials for it.
 #[derive(Debug, Clone)]
@@ -148,7 +148,7 @@ fn broker(url: &str, username: &str, password: &str) -> Result<Broker, Error> {
     let endpoint = ManagementEndpoint::with_credentials(url, username, password)?;
     Ok(Broker {
         connection_secret: None,
-        amqp: AmqpAddress::beside(&endpoint),
+        amqp: endpoint.amqp_address(),
         endpoint,
         management_url: url.to_string(),
     })

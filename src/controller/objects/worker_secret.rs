@@ -12,11 +12,11 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use ring::rand::{SecureRandom, SystemRandom};
 
+use crate::amqp::address::AmqpAddress;
 use crate::controller::error::Error;
 use crate::controller::kube::secrets::secret_value;
 use crate::controller::objects::meta::owned_meta;
 use crate::spec::MailerPipeline;
-use crate::topology::live::AmqpAddress;
 
 pub const USERNAME_KEY: &str = "username";
 pub const PASSWORD_KEY: &str = "password";
@@ -227,7 +227,7 @@ mod tests {
         let endpoint =
             crate::topology::ManagementEndpoint::with_credentials("http://rmq:15672", "admin", "a")
                 .unwrap();
-        let url = amqp_url(&AmqpAddress::beside(&endpoint), &creds, "shop/eu");
+        let url = amqp_url(&endpoint.amqp_address(), &creds, "shop/eu");
         assert_eq!(
             url,
             "amqp://mailer%2Dworker%2Edefault%2Eprod%2Eshop:pw@rmq:5672/shop%2Feu"

@@ -12,6 +12,12 @@
 //! the Lease has stood unchanged since this replica first saw it so, not by comparing
 //! the holder's `renewTime` with the local time, so clocks that disagree between nodes
 //! can neither cut a live leader off nor keep a dead one in place.
+//!
+//! How leadership moves: a standby tries for the Lease until it leads
+//! ([`wait_for_leadership`]); the leader renews it and steps down at its renew deadline
+//! (two thirds of the Lease) when it could not renew ([`keep_leading`]), so it stops
+//! acting well before a standby may take over (after the whole Lease, by the standby's
+//! clock).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -20,6 +26,9 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
+use tokio::sync::watch;
+
+use crate::telemetry::Health;
 
 /// What a replica should do about the Lease as it found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,12 +67,12 @@ pub fn decide(spec: Option<&LeaseSpec>, identity: &str, unchanged_for: Duration)
 
 /// What of a Lease changes on every renewal: who holds it and when they last renewed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Renewal {
+struct LeaseMark {
     holder: Option<String>,
     renewed: Option<MicroTime>,
 }
 
-impl Renewal {
+impl LeaseMark {
     fn of(spec: Option<&LeaseSpec>) -> Self {
         Self {
             holder: spec.and_then(|s| s.holder_identity.clone()),
@@ -123,7 +132,7 @@ pub struct LeaderElection {
     lease_duration: Duration,
     call_timeout: Duration,
     /// The Lease's last renewal as seen here, and when this replica first saw it.
-    last_seen: Mutex<Option<(Renewal, Instant)>>,
+    last_seen: Mutex<Option<(LeaseMark, Instant)>>,
 }
 
 impl LeaderElection {
@@ -172,7 +181,7 @@ impl LeaderElection {
     }
 
     /// How long the Lease has stood as `renewal` by this replica's clock.
-    fn unchanged_for(&self, renewal: Renewal) -> Duration {
+    fn unchanged_for(&self, renewal: LeaseMark) -> Duration {
         let mut last_seen = self
             .last_seen
             .lock()
@@ -197,7 +206,7 @@ impl LeaderElection {
             .call("read", self.api.get_opt(&self.lease_name))
             .await?;
         let previous = found.as_ref().and_then(|lease| lease.spec.as_ref());
-        let unchanged_for = self.unchanged_for(Renewal::of(previous));
+        let unchanged_for = self.unchanged_for(LeaseMark::of(previous));
         match decide(previous, &self.identity, unchanged_for) {
             Verdict::StandBy { .. } => return Ok(false),
             Verdict::Acquire | Verdict::Renew => {}
@@ -274,6 +283,85 @@ impl LeaderElection {
         self.call("release", replace).await?;
         Ok(())
     }
+}
+
+/// Why a leader stopped renewing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// It was told to stop (the controllers finished): it still holds the Lease.
+    Stopped,
+    /// Another replica holds the Lease, or the renew deadline passed: it leads no more.
+    Lost,
+}
+
+/// Tries for the Lease every `retry` until it is ours (the instant the winning try
+/// started) or `stop` (`None`). A standby is ready: it is doing its job, which is to wait.
+pub async fn wait_for_leadership(
+    election: &LeaderElection,
+    retry: Duration,
+    health: &Health,
+    mut stop: watch::Receiver<bool>,
+) -> Option<tokio::time::Instant> {
+    loop {
+        health.beat();
+        let started = tokio::time::Instant::now();
+        match election.try_lead().await {
+            Ok(true) => {
+                health.set_ready(false);
+                return Some(started);
+            }
+            Ok(false) => {
+                if !health.is_ready() {
+                    let holder = election.holder().await.ok().flatten().unwrap_or_default();
+                    tracing::info!(%holder, "standing by: another replica leads");
+                }
+                health.set_ready(true);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read or write the leader Lease");
+                health.set_ready(false);
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(retry) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return None,
+        }
+    }
+}
+
+/// Renews the Lease every `retry` from `renewed` (when the try that won or last renewed
+/// it started) until `until` turns true. Returns [`Renewal::Lost`] the moment the renew
+/// deadline passes without a renewal, even while a call is in flight, or when another
+/// replica holds the Lease.
+pub async fn keep_leading(
+    election: &LeaderElection,
+    retry: Duration,
+    mut renewed: tokio::time::Instant,
+    mut until: watch::Receiver<bool>,
+) -> Renewal {
+    let renew_deadline = election.renew_deadline();
+    loop {
+        let deadline = renewed + renew_deadline;
+        tokio::select! {
+            () = tokio::time::sleep(retry) => {}
+            () = tokio::time::sleep_until(deadline) => return lost("its renew deadline passed"),
+            _ = until.wait_for(|stop| *stop) => return Renewal::Stopped,
+        }
+        let started = tokio::time::Instant::now();
+        tokio::select! {
+            result = election.try_lead() => match result {
+                Ok(true) => renewed = started,
+                Ok(false) => return lost("another replica holds the Lease"),
+                Err(e) => tracing::warn!(error = %e, "cannot renew the leader Lease"),
+            },
+            () = tokio::time::sleep_until(deadline) => return lost("its renew deadline passed"),
+        }
+    }
+}
+
+fn lost(why: &str) -> Renewal {
+    tracing::error!(why, "lost the leader Lease: stopping every reconcile");
+    Renewal::Lost
 }
 
 #[cfg(test)]

@@ -1,10 +1,8 @@
 //! What runs the reconciles: the context they share ([`context`], [`metrics`]), the
-//! watches that trigger them ([`watch`], [`index`]), and leader election ([`leader`],
-//! [`leadership`]).
+//! watches that trigger them ([`watch`], [`index`]), and leader election ([`leader`]).
 
 pub mod context;
 pub mod index;
 pub mod leader;
-pub mod leadership;
 pub mod metrics;
 pub mod watch;

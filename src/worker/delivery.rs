@@ -19,7 +19,7 @@ use tracing::{Instrument, debug, error, warn};
 use super::attempt::attempt_of;
 use super::metrics::{OutcomeLabel, WorkerMetrics};
 use super::outcome::{Attempted, Outcome, decide};
-use super::publish::Publisher;
+use super::park::Publisher;
 use crate::amqp::PublishError;
 use crate::message::{read_request, unique_id};
 use crate::provider::{ErrorClass, Provider};
@@ -90,7 +90,7 @@ async fn process(mut delivery: Delivery, shared: &Shared) -> Result<(), SettleEr
     // delivery, and the lines logged at info and above carry the message id themselves.
     let span = tracing::debug_span!("delivery", message_id, attempt = tracing::field::Empty);
     async {
-        let _in_flight = InFlight::enter(&shared.metrics);
+        let _in_flight = InFlightGauge::enter(&shared.metrics);
         let attempted = attempt(&delivery, request.clone(), message_id, shared).await;
         let outcome = decide(attempted, shared.max_attempts);
         let request = Request {
@@ -282,16 +282,16 @@ async fn requeue(acker: &Acker, timeout: Duration) -> Result<(), SettleError> {
 }
 
 /// Counts a delivery in the in-flight gauge for as long as it lives.
-struct InFlight<'a>(&'a WorkerMetrics);
+struct InFlightGauge<'a>(&'a WorkerMetrics);
 
-impl<'a> InFlight<'a> {
+impl<'a> InFlightGauge<'a> {
     fn enter(metrics: &'a WorkerMetrics) -> Self {
         metrics.in_flight().inc();
         Self(metrics)
     }
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlightGauge<'_> {
     fn drop(&mut self) {
         self.0.in_flight().dec();
     }
