@@ -4,11 +4,14 @@
 //! `helm lint --strict` passes, that every object is valid for Kubernetes 1.28 and the
 //! newest version kubernetes-validate knows (strictly), that it passes checkov's
 //! checks for a Deployment and its RBAC, that its CRD is the one `mailer crd`
-//! generated, that its alerts pass `promtool check rules` and their unit tests, and
-//! that `deploy/operator.yaml` is its render.
+//! generated, that its alerts pass `promtool check rules` and their unit tests, that
+//! `deploy/operator.yaml` is its render, and what a release rests on: the crate, the
+//! chart and the image at one version, the CHANGELOG, and the release workflow (checked
+//! by jactionlint).
 //!
 //! Needs python3 with helm-python-sdk, kubernetes-validate and check-jsonschema,
-//! promtool and checkov (see .ci/run); no cluster and no network.
+//! promtool, checkov, jactionlint and shellcheck (see .ci/run); no cluster and no
+//! network.
 
 pub mod support;
 
@@ -20,6 +23,8 @@ mod manifests;
 mod monitoring;
 #[path = "chart/rbac.rs"]
 mod rbac;
+#[path = "chart/release.rs"]
+mod release;
 #[path = "chart/render.rs"]
 mod render;
 #[path = "chart/values.rs"]
@@ -78,7 +83,11 @@ fn the_defaults_make_the_operator_with_a_cluster_role() {
             "{kind}"
         );
         assert_eq!(labels["app.kubernetes.io/instance"], RELEASE, "{kind}");
-        assert_eq!(labels["app.kubernetes.io/version"], "0.1.0", "{kind}");
+        assert_eq!(
+            labels["app.kubernetes.io/version"],
+            env!("CARGO_PKG_VERSION"),
+            "{kind}"
+        );
         assert_eq!(labels["app.kubernetes.io/managed-by"], "Helm", "{kind}");
         if !kind.starts_with("Cluster") {
             assert_eq!(object["metadata"]["namespace"], NAMESPACE, "{kind}");
@@ -504,7 +513,6 @@ fn the_chart_needs_kubernetes_1_28_and_keeps_its_crd() {
     assert_eq!(chart["kubeVersion"], ">=1.28.0-0");
     let crd = std::fs::read_to_string(chart_dir().join("crds/mailerpipeline.yaml")).expect("CRD");
     assert!(crd.contains("reason: FieldValue"), "the CEL rules' reason");
-    assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
 
     // Deleting the release (or an Argo CD Application with cascade) leaves the CRD, and
     // with it every pipeline.
