@@ -250,7 +250,7 @@ fn the_operator_manifest_runs_the_controller_with_the_permissions_it_uses() {
         pod.containers[0].args.as_deref(),
         Some(&["controller".to_string()][..])
     );
-    // The rules are exactly the calls the code lists (src/controller/rbac.rs), both ways.
+    // The rules are exactly the calls the code lists (src/controller/kube/rbac.rs), both ways.
     let granted = |rules: &Value| {
         let mut all = Vec::new();
         for rule in rules.as_array().unwrap() {

@@ -183,7 +183,7 @@ fn the_pod_monitor_scrapes_the_worker_pods_the_operator_makes() {
     assert_eq!(monitor["metadata"]["labels"]["release"], "prom");
     assert_eq!(monitor["spec"]["namespaceSelector"], json!({"any": true}));
 
-    // Held to what src/controller/deployment.rs makes: the selector picks the worker
+    // Held to what src/controller/objects/deployment.rs makes: the selector picks the worker
     // pods, the port is the worker container's, and the relabelling finds the
     // pipeline's name in a pod label.
     let deployment = worker_deployment("orders");

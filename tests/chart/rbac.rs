@@ -36,7 +36,7 @@ fn grants(rules: &Value) -> BTreeSet<(String, String, String, bool)> {
 }
 
 /// What the controller calls in a namespace whose pipelines it reconciles: the code's
-/// own list (src/controller/rbac.rs).
+/// own list (src/controller/kube/rbac.rs).
 fn expected_pipeline_grants() -> BTreeSet<(String, String, String, bool)> {
     rbac::grants(|scope| scope == Scope::Watched)
         .into_iter()

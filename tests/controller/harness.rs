@@ -223,7 +223,7 @@ pub fn controller_health() -> Arc<Health> {
     Health::new(Duration::from_secs(60))
 }
 
-/// Every request is one the code's list of API calls (src/controller/rbac.rs, which the
+/// Every request is one the code's list of API calls (src/controller/kube/rbac.rs, which the
 /// chart's RBAC is held to) has: a call missing there would be forbidden in a cluster.
 /// Discovery (`GET /apis/<group>/<version>`) needs no rule.
 pub fn assert_listed_in_rbac(requests: &[Recorded]) {
@@ -256,7 +256,7 @@ pub fn assert_listed_in_rbac(requests: &[Recorded]) {
             CALLS
                 .iter()
                 .any(|c| c.group == group && c.resource == resource && c.verbs.contains(&verb)),
-            "{verb} {group}/{resource} ({} {}) is not in src/controller/rbac.rs",
+            "{verb} {group}/{resource} ({} {}) is not in src/controller/kube/rbac.rs",
             request.method,
             request.path
         );

@@ -47,7 +47,7 @@ app.kubernetes.io/part-of: mailer
 
 {{/*
 The labels of the worker pods the operator makes for every pipeline (see
-src/controller/meta.rs; tests/chart.rs holds the two together).
+src/controller/objects/meta.rs; tests/chart.rs holds the two together).
 */}}
 {{- define "mailer-operator.workerSelectorLabels" -}}
 app.kubernetes.io/name: mailer-worker
@@ -89,7 +89,7 @@ What the controller does in a namespace it reconciles pipelines in: the rules of
 ClusterRole (all namespaces) or of each watched namespace's Role.
 */}}
 {{- define "mailer-operator.pipelineRules" -}}
-# Exactly what the controller calls (src/controller/rbac.rs; tests/chart/rbac.rs holds
+# Exactly what the controller calls (src/controller/kube/rbac.rs; tests/chart/rbac.rs holds
 # these rules to that list both ways).
 # Pipelines: watched, read, finalizer added and removed (patch), status written.
 - apiGroups: ["mailer.dev"]
