@@ -9,6 +9,8 @@
 
 pub mod broker;
 pub mod error;
+#[cfg(test)]
+pub mod fixtures;
 pub mod key;
 pub mod kube;
 pub mod objects;

@@ -96,11 +96,7 @@ pub fn reads_secret(pipeline: &MailerPipeline, namespace: &str, name: &str) -> b
 mod tests {
     use super::*;
 
-    fn pipeline(yaml: &str) -> MailerPipeline {
-        let mut p = MailerPipeline::new("shop", serde_yaml::from_str(yaml).unwrap());
-        p.metadata.namespace = Some("prod".into());
-        p
-    }
+    use crate::controller::fixtures::pipeline;
 
     #[test]
     fn a_pipeline_reads_the_secrets_it_names() {

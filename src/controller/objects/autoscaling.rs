@@ -93,12 +93,7 @@ pub fn desired_workers(pipeline: &MailerPipeline, live: Option<&Deployment>) -> 
 mod tests {
     use super::*;
 
-    fn pipeline(yaml: &str) -> MailerPipeline {
-        let mut p = MailerPipeline::new("shop", serde_yaml::from_str(yaml).unwrap());
-        p.metadata.namespace = Some("prod".into());
-        p.metadata.uid = Some("uid-1".into());
-        p
-    }
+    use crate::controller::fixtures::pipeline;
 
     #[test]
     fn the_scaled_object_scales_the_workers_by_the_send_queue() {

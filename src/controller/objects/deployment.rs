@@ -312,12 +312,7 @@ mod tests {
     use k8s_openapi::ByteString;
     use serde_json::{Value, json};
 
-    fn pipeline(yaml: &str) -> MailerPipeline {
-        let mut p = MailerPipeline::new("shop", serde_yaml::from_str(yaml).unwrap());
-        p.metadata.namespace = Some("prod".into());
-        p.metadata.uid = Some("uid-1".into());
-        p
-    }
+    use crate::controller::fixtures::pipeline;
 
     fn deployment(yaml: &str) -> Value {
         let inputs = WorkerInputs {

@@ -183,13 +183,9 @@ pub fn desired_secret(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::MailerPipelineSpec;
 
     fn pipeline() -> MailerPipeline {
-        let mut p = MailerPipeline::new("shop", MailerPipelineSpec::default());
-        p.metadata.namespace = Some("prod".into());
-        p.metadata.uid = Some("uid-1".into());
-        p
+        crate::controller::fixtures::pipeline("{}")
     }
 
     #[test]

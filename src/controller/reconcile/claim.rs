@@ -287,9 +287,7 @@ mod tests {
     use k8s_openapi::jiff::Timestamp;
 
     fn pipeline(namespace: &str, name: &str, created: i64, yaml: &str) -> Arc<MailerPipeline> {
-        let mut p = MailerPipeline::new(name, serde_yaml::from_str(yaml).unwrap());
-        p.metadata.namespace = Some(namespace.into());
-        p.metadata.uid = Some(format!("uid-{namespace}-{name}"));
+        let mut p = crate::controller::fixtures::pipeline_named(namespace, name, yaml);
         p.metadata.creation_timestamp = Some(Time(Timestamp::from_second(created).unwrap()));
         Arc::new(p)
     }

@@ -125,9 +125,9 @@ mod tests {
     use super::*;
 
     fn pipeline(name: &str, yaml: &str) -> Guarded {
-        let mut p = MailerPipeline::new(name, serde_yaml::from_str(yaml).unwrap());
-        p.metadata.namespace = Some("prod".into());
-        DeserializeGuard(Ok(p))
+        DeserializeGuard(Ok(crate::controller::fixtures::pipeline_named(
+            "prod", name, yaml,
+        )))
     }
 
     fn secret(name: &str) -> Referenced {
