@@ -315,6 +315,73 @@ async fn memory_alarm_while_half_are_parked() {
     assert_eq!(restarts, 0, "the worker waits out a 20s alarm");
 }
 
+/// A memory alarm that outlasts `MAIL_PUBLISH_TIMEOUT` while parks that come back
+/// unroutable share the publishing channel with dead letters that are routed: a park
+/// given up at its deadline leaves a confirm that the broker completes later, and that
+/// confirm may take another park's returned message with it. Nothing may then be acked
+/// as parked that was returned.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "disturbs a private broker node: make faults"]
+async fn alarm_past_the_publish_timeout_with_unroutable_parks() {
+    let node = Node::get();
+    let pipeline = Pipeline::new("untrusted", "").await;
+    // Parks come back unroutable: the retry exchange's binding is gone.
+    let binding = mailer::topology::desired::Binding {
+        exchange: "mail.retry".into(),
+        queue: "mail.send.retry".into(),
+        routing_key: "mail.send".into(),
+    };
+    node.management()
+        .delete_binding(&pipeline.vhost, &binding)
+        .await
+        .expect("remove the retry binding");
+    let smtp = SmtpServer::start();
+    // Every third request is malformed (dead-lettered, routed), the others are refused
+    // once (parked, unroutable) and sent at their next try.
+    let published = publish(&pipeline, 0..150, |i| {
+        if i % 3 == 0 {
+            "not an address".into()
+        } else {
+            format!("f-{i:04}+451once@example.com")
+        }
+    })
+    .await;
+    let proxy = SmtpProxy::start(smtp.port, Mode::Slow).await;
+    let kubelet = Kubelet::start(
+        &pipeline.amqp_url(),
+        &smtp_url(proxy.port),
+        &[("MAIL_PUBLISH_TIMEOUT", "3s")],
+    );
+    eventually(60, "some requests through", || async {
+        (depth(&pipeline, "mail.send.dead").await >= 5).then_some(())
+    })
+    .await;
+    let clear = Undo(&["set_vm_memory_high_watermark", "0.4"]);
+    node.ctl(&["set_vm_memory_high_watermark", "0.0000001"]);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    drop(clear);
+    let cleared = Instant::now();
+    let good = published.len() - published.len().div_ceil(3);
+    eventually(240, "every well-formed mail delivered", || async {
+        (distinct(&delivered(&smtp)) == good).then_some(())
+    })
+    .await;
+    let recovered = cleared.elapsed();
+    let restarts = kubelet.restarts();
+    kubelet.stop();
+    let tally = Tally::take(
+        "memory alarm 5s past a 3s publish timeout, unroutable parks among dead letters",
+        &pipeline,
+        published,
+        delivered(&smtp),
+    )
+    .await;
+    tally.report(&format!(
+        "all delivered {} after the alarm cleared; {restarts} worker exits",
+        secs(recovered)
+    ));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "disturbs a private broker node: make faults"]
 async fn retry_queue_full() {

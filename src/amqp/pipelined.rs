@@ -20,6 +20,13 @@
 //!   takes that lock, so afterwards every confirm completed so far is visible. Then every
 //!   confirm in flight on the lane is looked at, and each returned message marks the publish
 //!   whose key it carries. Only then does a publish learn its outcome.
+//! - A publish given up before its confirm completed (its deadline passed, or its task was
+//!   dropped) leaves a confirm that lapin still completes later, and that confirm may take
+//!   another publish's returned message with it, unseen. So giving one up makes its lane
+//!   *untrusted*: every publish still in flight there, and every later one, fails
+//!   ([`PublishError::Untrusted`]) rather than take a missing return for routed; no new
+//!   publish is placed there. The worker stops on such a failure, and the broker redelivers
+//!   what was in flight (a request may be parked twice; none is lost).
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -109,9 +116,26 @@ struct Entry {
 struct LaneState {
     next_id: u64,
     entries: Vec<Entry>,
+    /// A publish was given up before its confirm completed: see the module's doc.
+    untrusted: bool,
 }
 
 impl LaneState {
+    /// The publish `id` leaves the lane, first taking in every confirm completed so far
+    /// (a returned message it carried is not lost); one that leaves before its own
+    /// confirm completed makes the lane untrusted.
+    fn leave(&mut self, id: u64) {
+        self.scan();
+        if self
+            .entries
+            .iter()
+            .any(|e| e.id == id && e.completed.is_none())
+        {
+            self.untrusted = true;
+        }
+        self.entries.retain(|e| e.id != id);
+    }
+
     /// Takes in every confirm completed so far and marks whom each returned message was for.
     fn scan(&mut self) {
         for i in 0..self.entries.len() {
@@ -168,10 +192,7 @@ struct Slot<'a> {
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        let mut state = self.lane.lock();
-        state.scan();
-        state.entries.retain(|e| e.id != self.id);
-        drop(state);
+        self.lane.lock().leave(self.id);
         self.lane.changed.notify_waiters();
     }
 }
@@ -239,9 +260,14 @@ impl PipelinedPublisher {
             let changed = first.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
+            if self.lanes.iter().all(|lane| lane.lock().untrusted) {
+                return Err(PublishError::Untrusted {
+                    exchange: exchange.to_string(),
+                });
+            }
             for lane in self.lanes.iter() {
                 let mut state = lane.lock();
-                if state.entries.iter().all(|e| e.key != key) {
+                if !state.untrusted && state.entries.iter().all(|e| e.key != key) {
                     let id = state.next_id;
                     state.next_id += 1;
                     state.entries.push(Entry {
@@ -276,6 +302,11 @@ impl PipelinedPublisher {
             changed.as_mut().enable();
             {
                 let mut state = slot.lane.lock();
+                if state.untrusted {
+                    return Err(PublishError::Untrusted {
+                        exchange: exchange.to_string(),
+                    });
+                }
                 // One still being handed to lapin may hold a confirm that carries ours.
                 let handed = state
                     .entries
@@ -387,6 +418,29 @@ mod tests {
             matches!(v, Err(PublishError::ReturnMismatch { .. })),
             "{v:?}"
         );
+    }
+
+    #[test]
+    fn a_publish_given_up_before_its_confirm_makes_its_lane_untrusted() {
+        let mut state = LaneState::default();
+        state
+            .entries
+            .push(entry(0, Key::new("e", "k", Some("done"), b"1")));
+        state.entries[0].confirm = Some(completed(Confirmed::Done {
+            ack: true,
+            returned: None,
+        }));
+        state
+            .entries
+            .push(entry(1, Key::new("e", "k", Some("pending"), b"2")));
+        state.entries[1].confirm = Some(futures::future::pending().boxed().shared());
+        // The one whose confirm completed leaves: the lane is still trusted.
+        state.leave(0);
+        assert!(!state.untrusted);
+        // The one still waiting for its confirm is given up.
+        state.leave(1);
+        assert!(state.untrusted);
+        assert!(state.entries.is_empty());
     }
 
     #[test]

@@ -40,6 +40,10 @@ pub enum PublishError {
         returned: Option<String>,
     },
     #[error(
+        "a publish on the channel to {exchange} was given up before the broker confirmed it, so a message the broker returns can no longer be told apart; the worker stops rather than guess, and the broker redelivers what was in flight"
+    )]
+    Untrusted { exchange: String },
+    #[error(
         "the broker did not confirm the publish to {exchange} within {}: is it blocking publishers (a memory or disk alarm)?",
         humantime::format_duration(*after)
     )]
