@@ -63,9 +63,9 @@ enum TopologyAction {
         #[command(flatten)]
         args: TopologyArgs,
         /// Declare the missing exchanges, queues and bindings over AMQP at this URL (its
-        /// vhost is replaced by each pipeline's): several times faster than the
-        /// management API for many pipelines. Without it everything goes through the
-        /// management API; vhosts and policies always do.
+        /// vhost is replaced by each pipeline's) rather than through the management API,
+        /// which opens a channel inside the broker for each one. Without it everything
+        /// goes through the management API; vhosts and policies always do.
         #[arg(long, env = "MAIL_AMQP_URL", hide_env_values = true)]
         amqp_url: Option<String>,
     },
@@ -86,7 +86,7 @@ enum TopologyAction {
 /// Runs [`keep_off_huge_pages`] and [`purge_freed_memory_soon`] before anything else in
 /// the process: an `.init_array` entry runs before `main`, and one of priority 100 before
 /// mimalloc's own constructor (priority 101), which sets up its first arena and reads its
-/// options; from `main` it came after 4 MiB of huge pages were already in place.
+/// options; from `main` it came after that arena was already on huge pages.
 #[cfg(target_os = "linux")]
 #[used]
 #[unsafe(link_section = ".init_array.00100")]
@@ -101,9 +101,8 @@ static KEEP_OFF_HUGE_PAGES_FIRST: extern "C" fn() = {
 /// Has mimalloc give freed memory back to the kernel 10 ms after it is freed, not the
 /// second its version 3 waits by default (10 ms was version 2's default), unless
 /// `MIMALLOC_PURGE_DELAY` is set. A worker frees a 10 MiB request, and renders a mail of
-/// that size, several times a second: with the second's delay its resident memory at
-/// prefetch 16 was 179 MiB for 10 MiB requests to `discard://` and 359 MiB through SMTP,
-/// with 10 ms 98 and 281 MiB (docs/benchmarks.md).
+/// that size, several times a second, and with the second's delay it keeps much of what
+/// it freed (the figures: docs/benchmarks.md, the worker's notes).
 #[cfg(target_os = "linux")]
 fn purge_freed_memory_soon() {
     // SAFETY: this runs before `main`, while the process has one thread, so nothing reads
@@ -132,7 +131,7 @@ fn main() -> ExitCode {
 /// client, declares it as the `#[global_allocator]`. mimalloc asks the kernel for huge
 /// pages on its arenas (`madvise(MADV_HUGEPAGE)`), and where the host's THP mode is
 /// `madvise` (many distributions, and Kubernetes nodes) each touched part of an arena
-/// then takes 2 MiB: an idle worker kept 43 MiB resident instead of 33
+/// then takes 2 MiB, which adds several MiB to a worker's resident memory
 /// (docs/benchmarks.md). This does in the binary what `MIMALLOC_ALLOW_THP=0` did from the
 /// environment, for every way the binary is run. It only saves memory, so a kernel that
 /// refuses it changes nothing else.

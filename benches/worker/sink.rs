@@ -1,9 +1,8 @@
 //! A local SMTP sink, and its own limit measured with the provider alone. Either
 //! `tests/smtp_server.py` (aiosmtpd, Python; the default), or, when
 //! `MAILER_BENCH_SMTP_SINK` names it, Postfix's `smtp-sink`: Postfix's own test server
-//! for measuring SMTP clients, written in C, which the Python server cannot keep up with
-//! at 1,000 mails/s on this machine. Both store every mail as a file, which the bench
-//! counts.
+//! for measuring SMTP clients, written in C: the Python server cannot keep up with the
+//! worker (docs/benchmarks.md). Both store every mail as a file, which the bench counts.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;

@@ -2,8 +2,8 @@
 //! channel, each told exactly whether the broker returned it as unroutable.
 //!
 //! One channel with many publishes in flight lets the broker confirm them in batches
-//! (`basic.ack` with `multiple`): on the park path that costs about a third less CPU,
-//! here and in the broker, than a channel per publish in flight.
+//! (`basic.ack` with `multiple`): on the park path that costs less CPU, here and in the
+//! broker, than a channel per publish in flight (docs/benchmarks.md).
 //!
 //! lapin (4.12) cannot say which publish a `basic.return` was for: it hands a returned
 //! message to whichever confirm it completes next, and for a `multiple` ack it completes

@@ -7,7 +7,8 @@
 //! flight, and again when it was rendered. Here checking a body allocates nothing, and
 //! decoding it fills one buffer of the literal's length, making the line endings CRLF
 //! on the way, as a MIME body's lines end. (lettre does that too, but by inserting each
-//! CR in place, moving the rest of the text every time: 12 s of CPU for 10 MiB.)
+//! CR in place, moving the rest of the text every time: quadratic in the body's lines,
+//! seconds of CPU for a large body; `docs/benchmarks.md`.)
 
 use std::fmt;
 

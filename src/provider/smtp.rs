@@ -300,7 +300,7 @@ impl SmtpProvider {
 
     /// A TCP connection with Nagle's algorithm off. lettre writes the end of a message
     /// as a second small write; with Nagle on, that write waits for the server's delayed
-    /// ACK (about 40 ms) on every mail, which capped a connection at about 20 mails/s.
+    /// ACK on every mail, which caps what a connection can send (docs/benchmarks.md).
     async fn open_tcp(&self) -> Result<tokio::net::TcpStream, StepError> {
         let settings = &self.settings;
         let failed = |class, detail| StepError {

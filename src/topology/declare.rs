@@ -1,13 +1,12 @@
 //! Exchanges, queues and bindings written over AMQP instead of the management API.
 //!
 //! The management API declares each of these on an AMQP channel it opens inside the
-//! broker for that one request, and on RabbitMQ 3.10 here it makes quorum queues about
-//! three times slower than a few AMQP channels do (about 50 a second against 160,
-//! `docs/benchmarks.md`). So a first apply of many pipelines, when it is given an AMQP
-//! URL (`mailer topology apply --amqp-url`), declares them on [`MAX_IN_FLIGHT`] channels
-//! per vhost. Vhosts and policies have no AMQP method and stay on the management API,
-//! and every read does: what is declared here is only what the plan found missing, so a
-//! declare never meets an object with other arguments.
+//! broker for that one request, which makes quorum queues slower to declare than a few
+//! AMQP channels do (`docs/benchmarks.md`). So a first apply of many pipelines, when it
+//! is given an AMQP URL (`mailer topology apply --amqp-url`), declares them on
+//! [`MAX_IN_FLIGHT`] channels per vhost. Vhosts and policies have no AMQP method and stay
+//! on the management API, and every read does: what is declared here is only what the
+//! plan found missing, so a declare never meets an object with other arguments.
 
 use std::collections::BTreeMap;
 

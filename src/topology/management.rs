@@ -299,9 +299,10 @@ impl Management {
     /// GETs the JSON at `segments` below the API (each one percent-encoded), or `None` when
     /// the broker answers 400, 401, 403 or 404. It bypasses `rabbitmq_http_client`, which
     /// captures and symbolizes a backtrace for every error response but a 404: that maps
-    /// the binary's symbols again and keeps them, tens of MiB for an answer that some
-    /// reads get in normal operation (RabbitMQ 4 answers 400 for the definitions of a
-    /// vhost that does not exist yet). Counted and bounded as [`read`](Self::read).
+    /// the binary's symbols again and keeps them for the life of the process
+    /// (`docs/benchmarks.md`, the controller's notes), for an answer that some reads get
+    /// in normal operation (RabbitMQ 4 answers 400 for the definitions of a vhost that
+    /// does not exist yet). Counted and bounded as [`read`](Self::read).
     pub(super) async fn get_json_unless_refused<T: serde::de::DeserializeOwned>(
         &self,
         segments: &[&str],

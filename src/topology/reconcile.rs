@@ -166,10 +166,10 @@ fn first_failure(
 /// dead-lettering and limits; then exchanges and queues; then bindings, which need their
 /// exchange and queue. Policies go alone and first because RabbitMQ matches each policy
 /// it is given against every exchange and queue of the vhost: written among new
-/// exchanges and queues, each would cost more the more of them exist (with 1,000
-/// pipelines in one vhost, that step went at about 10 objects a second on RabbitMQ 4.0). A vhost several pipelines need is
-/// created once (see [`plan_all`]). Many policies of one vhost go in one definitions
-/// import ([`super::import`]). The first failed write stops the pass.
+/// exchanges and queues, each would cost more the more of them exist (with many
+/// pipelines in one vhost, far more: `docs/benchmarks.md`). A vhost several pipelines
+/// need is created once (see [`plan_all`]). Many policies of one vhost go in one
+/// definitions import ([`super::import`]). The first failed write stops the pass.
 pub async fn apply_all(
     management: &Management,
     topologies: &[Topology],

@@ -29,8 +29,8 @@ use crate::controller::signalled;
 use crate::telemetry::Health;
 
 /// How many of its own Deployments or Secrets the operator lists at once when a watch
-/// starts: a page is parsed whole before it is packed, and a Deployment parsed takes
-/// about 15 KiB.
+/// starts: a page is parsed whole before it is packed, and a parsed Deployment is
+/// several times its JSON (`docs/benchmarks.md`, the controller's notes).
 const OWNED_PAGE: u32 = 100;
 
 /// How often the heartbeat of `/livez` is given while controllers run.
