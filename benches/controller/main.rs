@@ -29,8 +29,9 @@
 //! objects named `p<i>.…` in vhost `mailer-bench-controller-<i mod
 //! MAILER_BENCH_VHOSTS>` (10 vhosts), and the workers' user is given (guest), so no
 //! broker user is made per pipeline. The vhosts and the owner markers of their
-//! topologies (`mailer-owner|topology|<vhost>|…` global parameters) are deleted at the
-//! end, also when the run fails.
+//! objects (`mailer-owner|exchange|<vhost>|…` and `mailer-owner|queue|…` global
+//! parameters; the workers' users are given, so none is claimed) are deleted at the end,
+//! also when the run fails.
 //!
 //! The controller runs as shipped: no environment variable tunes its allocator.
 
@@ -457,9 +458,13 @@ async fn remove_from_broker(address: &str, vhosts: usize) {
         .await
         .unwrap_or_default()
     {
-        if parameter
-            .name
-            .starts_with(&format!("mailer-owner|topology|{VHOST_PREFIX}"))
+        let of_the_bench = mailer::topology::ownership::Claim::of_marker(&parameter.name)
+            .and_then(|claim| claim.vhost().map(|vhost| vhost.starts_with(VHOST_PREFIX)))
+            .unwrap_or(false);
+        if of_the_bench
+            || parameter
+                .name
+                .starts_with(&format!("mailer-owner|topology|{VHOST_PREFIX}"))
         {
             let _ = api.clear_global_runtime_parameter(&parameter.name).await;
         }
