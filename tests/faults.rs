@@ -217,10 +217,12 @@ async fn broker_restart_mid_stream() {
     let stopped = Instant::now();
     let _restart = Undo(&["start_app"]);
     node.ctl(&["stop_app"]);
-    let exited = eventually(30, "the worker's exit", || async {
-        kubelet.exited_after(stopped)
+    // It connects again rather than exit: not ready while the broker is away.
+    eventually(30, "/readyz not ready while the broker is away", || async {
+        kubelet.readyz().filter(|(status, _)| *status == 503)
     })
     .await;
+    let not_ready = stopped.elapsed();
     let probes_down = kubelet.probes();
     tokio::time::sleep_until((stopped + Duration::from_secs(5)).into()).await;
     let before = delivered(&smtp).len();
@@ -236,6 +238,7 @@ async fn broker_restart_mid_stream() {
     })
     .await;
     let probes_up = kubelet.probes();
+    let restarts = kubelet.restarts();
     kubelet.stop();
     let tally = Tally::take(
         "broker restart mid-stream (stop_app 5s, start_app)",
@@ -245,11 +248,12 @@ async fn broker_restart_mid_stream() {
     )
     .await;
     tally.report(&format!(
-        "exit {} after stop_app; delivering {} after start_app; probes (livez, readyz, metrics) {probes_down:?} while it was away, {probes_up:?} after",
-        secs(exited - stopped),
+        "not ready {} after stop_app; delivering {} after start_app; {restarts} restarts; probes (livez, readyz, metrics) {probes_down:?} while it was away, {probes_up:?} after",
+        secs(not_ready),
         secs(recovered)
     ));
     assert!(tally.twice() <= 16, "at most one prefetch sent twice");
+    assert_eq!(restarts, 0, "the worker connects again instead of exiting");
 }
 
 #[tokio::test(flavor = "multi_thread")]

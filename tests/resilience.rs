@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::BasicProperties;
-use mailer::worker::WorkerError;
 use serde_json::json;
 use support::broker::{
     TestVhost, confirming_channel, get_within, pipeline, publish, raw_api, text,
@@ -173,7 +172,8 @@ async fn a_panicking_provider_never_leaks_a_delivery() {
 }
 
 #[tokio::test]
-async fn losing_the_consuming_connection_abandons_every_send_at_once_and_loses_nothing() {
+async fn losing_the_consuming_connection_abandons_every_send_at_once_connects_again_and_loses_nothing()
+ {
     let vhost = pipeline("lost", "").await;
     let connection = vhost.connect().await;
     let channel = confirming_channel(&connection).await;
@@ -188,9 +188,9 @@ async fn losing_the_consuming_connection_abandons_every_send_at_once_and_loses_n
         )
         .await;
     }
-    // Sends that take longer than the test: when the connection goes, all are mid-send.
+    // Sends that outlast the connection: when it goes, all are mid-send.
     let provider = Arc::new(TestProvider {
-        delay: Duration::from_secs(600),
+        delay: Duration::from_secs(15),
         ..Default::default()
     });
     let worker = InProcess::start(&vhost.amqp_url(), provider.clone(), 8);
@@ -201,29 +201,48 @@ async fn losing_the_consuming_connection_abandons_every_send_at_once_and_loses_n
 
     // The broker closes the worker's consuming connection, as it does when a node stops.
     let api = raw_api();
-    let consuming = eventually(30, "the consuming connection listed", || async {
+    let consuming = || async {
         let listed = api.list_connections_in(&vhost.name).await.ok()?;
         listed
             .into_iter()
             .find(|c| c.client_properties.connection_name == "mailer-worker-consume")
-    })
-    .await;
-    api.close_connection(&consuming.name, Some("test: the connection goes"), false)
+    };
+    let first = eventually(30, "the consuming connection listed", consuming).await;
+    api.close_connection(&first.name, Some("test: the connection goes"), false)
         .await
         .expect("close the connection");
     let closed = std::time::Instant::now();
-    let result = tokio::time::timeout(Duration::from_secs(5), worker.run)
-        .await
-        .expect("the worker exits within seconds")
-        .expect("the worker's task");
-    match result {
-        Err(WorkerError::ConsumeLost { abandoned, .. }) => assert_eq!(abandoned, 8),
-        other => panic!("expected the consuming connection lost, got {other:?}"),
-    }
+    eventually(5, "every send in flight abandoned", || async {
+        (worker.settled("abandoned") == 8).then_some(())
+    })
+    .await;
     assert!(closed.elapsed() < Duration::from_secs(5));
     assert!(provider.sent.lock().unwrap().is_empty(), "no send went on");
-    eventually(30, "every request back in mail.send", || async {
-        (ready(&vhost, "mail.send").await == 20).then_some(())
+
+    // It connects again instead of exiting, and takes the redelivered requests.
+    let again = eventually(30, "a new consuming connection", || async {
+        consuming().await.filter(|c| c.name != first.name)
+    })
+    .await;
+    assert_ne!(again.name, first.name);
+    eventually(30, "8 sends under way again", || async {
+        (provider.started.lock().unwrap().len() == 16).then_some(())
+    })
+    .await;
+    assert!(!worker.run.is_finished(), "the worker did not exit");
+    assert!(worker.health.is_ready(), "ready again once connected");
+    let mut metrics = String::new();
+    prometheus_client::encoding::text::encode(&mut metrics, &worker.registry).expect("encode");
+    assert!(
+        metrics.contains("mailer_worker_reconnects_total 1"),
+        "{metrics}"
+    );
+
+    // Stopped, it finishes what it holds: 8 sent, the other 12 still waiting.
+    assert!(worker.stop().await.is_ok());
+    assert_eq!(provider.sent.lock().unwrap().len(), 8);
+    eventually(30, "the rest back in mail.send", || async {
+        (ready(&vhost, "mail.send").await == 12).then_some(())
     })
     .await;
 }

@@ -72,6 +72,10 @@ pub struct WorkerTuning {
     /// failed for now (class `timeout`).
     #[arg(long, env = "MAIL_SEND_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub send_timeout: Duration,
+    /// How long, after a lost broker connection, the worker goes on connecting again
+    /// (not ready meanwhile) before it exits non-zero.
+    #[arg(long, env = "MAIL_RECONNECT_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub reconnect_timeout: Duration,
 }
 
 impl WorkerArgs {
@@ -96,6 +100,7 @@ impl WorkerArgs {
                 publish: t.publish_timeout,
                 send: t.send_timeout,
                 shutdown: t.shutdown_timeout,
+                reconnect: t.reconnect_timeout,
             },
         })
     }

@@ -4,6 +4,10 @@
 
 use std::time::Duration;
 
+/// How long a worker without a broker goes on connecting again by default: longer than a
+/// rolling restart of a cluster's nodes takes, so such a restart costs no worker restart.
+pub const DEFAULT_RECONNECT_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// How long each step of the worker may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
@@ -15,6 +19,9 @@ pub struct Timeouts {
     pub send: Duration,
     /// Waiting for deliveries in flight when stopping.
     pub shutdown: Duration,
+    /// How long the worker goes on connecting again without a broker, after a loss,
+    /// before it exits.
+    pub reconnect: Duration,
 }
 
 impl Timeouts {
@@ -33,6 +40,7 @@ impl Default for Timeouts {
             publish: crate::amqp::publish::DEFAULT_PUBLISH_TIMEOUT,
             send: Duration::from_secs(60),
             shutdown: Duration::from_secs(30),
+            reconnect: DEFAULT_RECONNECT_TIMEOUT,
         }
     }
 }

@@ -6,7 +6,8 @@
 //! - The consuming connection is lost: nothing in flight can be acked any more, so every
 //!   send in flight is abandoned at once (a send whose DATA had not ended sends nothing;
 //!   one whose DATA had ended may be sent twice), the broker redelivers them all, and the
-//!   worker exits non-zero within seconds.
+//!   worker connects again (not ready meanwhile); it exits non-zero only when it has had
+//!   no broker for the reconnect timeout (`MAIL_RECONNECT_TIMEOUT`).
 //! - A delivery cannot be settled (a failed park or dead-letter publish, a failed ack):
 //!   it is rejected with requeue, the rest in flight are finished, and the worker exits
 //!   non-zero.
@@ -37,6 +38,9 @@ use crate::telemetry::Health;
 
 /// How often an idle loop tells [`Health`] it is still turning.
 const HEARTBEAT: Duration = Duration::from_secs(5);
+/// The pause before connecting again after a loss (each connect then retries with its
+/// own backoff).
+const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
 /// What `/readyz` says while publishing is blocked.
 const BLOCKED: &str =
     "the broker blocks publishing (a memory or disk alarm); no new delivery is started";
@@ -115,7 +119,10 @@ impl InFlight {
 
 impl Worker {
     /// Consumes until `shutdown` resolves (then returns `Ok` once in-flight deliveries are
-    /// settled) or until something fails that a restart may fix (then `Err`).
+    /// settled) or until something fails that a restart may fix (then `Err`). A lost
+    /// connection is not such a failure: what was in flight is abandoned (the broker
+    /// redelivers it), and the worker connects again, through the same address, not ready
+    /// meanwhile, for up to the reconnect timeout without a broker.
     pub async fn run(
         self,
         metrics: Arc<WorkerMetrics>,
@@ -123,21 +130,62 @@ impl Worker {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), WorkerError> {
         tokio::pin!(shutdown);
+        // Since when the worker has had no broker to consume from, after a loss.
+        let mut lost_since: Option<Instant> = None;
+        loop {
+            let session = self
+                .session(&metrics, &health, &mut shutdown, &mut lost_since)
+                .await;
+            let error = match session {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_connection_loss() && lost_since.is_some() => e,
+                Err(e) => return Err(e),
+            };
+            let since = *lost_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= self.timeouts.reconnect {
+                error!(error = %error, "no broker for longer than the reconnect timeout; the worker stops");
+                return Err(error);
+            }
+            metrics.reconnecting();
+            health.set_not_ready("reconnecting to the broker");
+            warn!(error = %error, "the broker connection was lost; connecting again");
+            let pause = tokio::time::sleep(RECONNECT_PAUSE);
+            tokio::select! {
+                biased;
+                () = &mut shutdown => return Ok(()),
+                () = pause => {}
+            }
+            health.beat();
+        }
+    }
+
+    /// One session: connects, consumes until asked to stop or something fails. Connected
+    /// (its consumer started), it clears `lost_since`; a loss of a connection sets it.
+    async fn session(
+        &self,
+        metrics: &Arc<WorkerMetrics>,
+        health: &Arc<Health>,
+        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+        lost_since: &mut Option<Instant>,
+    ) -> Result<(), WorkerError> {
         let plan = Plan {
             url: &self.amqp_url,
             queue: &self.queue,
             prefetch: self.prefetch,
             timeout: self.timeouts.connect,
         };
-        health.set_not_ready("connecting to the broker");
+        if lost_since.is_none() {
+            health.set_not_ready("connecting to the broker");
+        }
         let links = tokio::select! {
             biased;
-            () = &mut shutdown => {
+            () = shutdown.as_mut() => {
                 info!("stopped before consuming");
                 return Ok(());
             }
-            links = links::open(&plan, &health) => links?,
+            links = links::open(&plan, health) => links?,
         };
+        *lost_since = None;
         let Links {
             consume_connection,
             publish_connection,
@@ -181,7 +229,7 @@ impl Worker {
             }
             tokio::select! {
                 biased;
-                () = &mut shutdown => {
+                () = shutdown.as_mut() => {
                     info!("stopping: finishing the deliveries in flight");
                     break Stop::Asked;
                 }
@@ -220,7 +268,7 @@ impl Worker {
 
         let result = match stop {
             Stop::ConsumeLost(source) => {
-                let abandoned = abandon(&mut in_flight, &metrics).await;
+                let abandoned = abandon(&mut in_flight, metrics).await;
                 Err(WorkerError::ConsumeLost { source, abandoned })
             }
             Stop::Asked | Stop::Failed(_) => {
@@ -231,7 +279,7 @@ impl Worker {
                 let drained = drain(
                     &mut in_flight,
                     &mut consume_events,
-                    &metrics,
+                    metrics,
                     self.timeouts.shutdown,
                 )
                 .await;
@@ -241,11 +289,23 @@ impl Worker {
                 }
             }
         };
+        // A connection that is gone makes this a loss the worker outlives, whatever
+        // failure it caused first (a park that could not be published on it, say).
+        let connected =
+            consume_connection.status().connected() && publish_connection.status().connected();
         let close = self.timeouts.publish;
         close_all(&[&consume_connection, &publish_connection], close).await;
-        if let Err(e) = &result {
-            error!(error = %e, "the worker stops");
-        }
+        let result = match result {
+            Err(e) if !connected || e.is_connection_loss() => {
+                *lost_since = Some(Instant::now());
+                Err(e)
+            }
+            Err(e) => {
+                error!(error = %e, "the worker stops");
+                Err(e)
+            }
+            ok => ok,
+        };
         result
     }
 }

@@ -38,3 +38,18 @@ pub enum WorkerError {
     )]
     ShutdownTimeout(usize),
 }
+
+impl WorkerError {
+    /// Whether the broker went away (a connection lost, or none to be had): the worker
+    /// connects again rather than stop, for up to its reconnect timeout.
+    pub fn is_connection_loss(&self) -> bool {
+        matches!(
+            self,
+            Self::Connect(_)
+                | Self::ConsumeLost { .. }
+                | Self::PublishLost(_)
+                | Self::Channel(_)
+                | Self::Timeout(_)
+        )
+    }
+}

@@ -64,6 +64,7 @@ pub struct WorkerMetrics {
     send_duration: Histogram,
     in_flight: Gauge,
     blocked: Gauge,
+    reconnects: Counter,
 }
 
 impl WorkerMetrics {
@@ -76,6 +77,7 @@ impl WorkerMetrics {
             send_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             in_flight: Gauge::default(),
             blocked: Gauge::default(),
+            reconnects: Counter::default(),
         };
         let registry = registry.sub_registry_with_prefix("mailer_worker");
         registry.register(
@@ -97,6 +99,11 @@ impl WorkerMetrics {
             "send_duration_seconds",
             "Time the provider took to accept or refuse a mail",
             metrics.send_duration.clone(),
+        );
+        registry.register(
+            "reconnects",
+            "Times the worker lost its broker connection and connected again instead of exiting",
+            metrics.reconnects.clone(),
         );
         registry.register(
             "in_flight",
@@ -140,6 +147,11 @@ impl WorkerMetrics {
 
     pub fn set_blocked(&self, blocked: bool) {
         self.blocked.set(i64::from(blocked));
+    }
+
+    /// One more loss of the broker connection, connected again.
+    pub fn reconnecting(&self) {
+        self.reconnects.inc();
     }
 
     pub fn in_flight(&self) -> &Gauge {
