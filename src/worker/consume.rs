@@ -213,7 +213,7 @@ impl Worker {
         let url = redact_url(&self.amqp_url);
         info!(broker = %url, queue = %self.queue, provider = %self.provider, prefetch = self.prefetch, "consuming");
         let mut blocked = publish_connection.status().blocked();
-        set_blocked(&health, &metrics, blocked);
+        set_blocked(health, metrics, blocked);
 
         let mut in_flight = InFlight {
             tasks: JoinSet::new(),
@@ -242,12 +242,12 @@ impl Worker {
                     LinkEvent::Blocked(reason) => {
                         warn!(%reason, "the broker blocks publishing; no new delivery is started until it unblocks");
                         blocked = true;
-                        set_blocked(&health, &metrics, true);
+                        set_blocked(health, metrics, true);
                     }
                     LinkEvent::Unblocked => {
                         info!("the broker unblocked publishing");
                         blocked = false;
-                        set_blocked(&health, &metrics, false);
+                        set_blocked(health, metrics, false);
                     }
                     LinkEvent::Lost(e) => break Stop::Failed(WorkerError::PublishLost(e)),
                 },
@@ -295,7 +295,7 @@ impl Worker {
             consume_connection.status().connected() && publish_connection.status().connected();
         let close = self.timeouts.publish;
         close_all(&[&consume_connection, &publish_connection], close).await;
-        let result = match result {
+        match result {
             Err(e) if !connected || e.is_connection_loss() => {
                 *lost_since = Some(Instant::now());
                 Err(e)
@@ -305,8 +305,7 @@ impl Worker {
                 Err(e)
             }
             ok => ok,
-        };
-        result
+        }
     }
 }
 
