@@ -15,7 +15,9 @@ set -euo pipefail
 
 ROOT=${RABBITMQ4_ROOT:-/var/lib/mailer-ci/rabbitmq4/root}
 SUITE=trixie
-MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The Debian archive is the one this machine's apt uses (DEBIAN_MIRROR overrides it):
+# no mirror's address is written here.
+MIRROR=${DEBIAN_MIRROR:-}
 # A uid and gid free on the host, so files in the root never belong to a host user.
 RABBITMQ_UID=4372
 AMQP_PORT=5673
@@ -34,6 +36,24 @@ node_env=(
 )
 
 log() { printf '[rabbitmq4] %s\n' "$*" >&2; }
+
+# The Debian archive (not its security archive) of the machine's own apt sources, as
+# apt-get uses them; asks apt to read its sources first when it has no lists yet.
+debian_mirror() {
+  local found
+  found=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 'Created-By: Packages' 2>/dev/null |
+    awk '$2 !~ /-security$/ {print $1; exit}')
+  if [[ -z $found ]]; then
+    apt-get update -qq
+    found=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 'Created-By: Packages' 2>/dev/null |
+      awk '$2 !~ /-security$/ {print $1; exit}')
+  fi
+  [[ -n $found ]] || {
+    echo "no Debian archive in this machine's apt sources; set DEBIAN_MIRROR" >&2
+    return 1
+  }
+  echo "${found%/}"
+}
 
 in_root() { # runs a command in the root as the rabbitmq user
   chroot --userspec=$RABBITMQ_UID:$RABBITMQ_UID "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "${node_env[@]}" "$@"
@@ -55,6 +75,8 @@ install_root() {
   mkdir -p "$(dirname "$ROOT")"
   if [[ ! -x "$ROOT/usr/bin/apt-get" ]]; then
     rm -rf "$ROOT"
+    [[ -n $MIRROR ]] || MIRROR=$(debian_mirror)
+    log "from $MIRROR (this machine's apt sources)"
     debootstrap --variant=minbase "$SUITE" "$ROOT" "$MIRROR" >/dev/null
   fi
   # Packages must not start services in the root; the node is started below.
