@@ -20,6 +20,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::controller::error::Error;
+use crate::controller::kube::owned::OwnedCaches;
 use crate::spec::MailerPipeline;
 
 /// The label on every Secret a pipeline holds.
@@ -86,6 +87,7 @@ const HOLD_TRIES: usize = 5;
 /// another (409) reads the Secret again and tries again.
 pub async fn hold(
     client: &Client,
+    writes: &OwnedCaches,
     pipeline: &MailerPipeline,
     meta: &ObjectMeta,
 ) -> Result<bool, Error> {
@@ -95,7 +97,7 @@ pub async fn hold(
         let Some(patch) = hold_patch(&meta, &finalizer) else {
             return Ok(false);
         };
-        match patch_secret(client, &meta, &patch, "hold").await {
+        match patch_secret(client, writes, &meta, &patch, "hold").await {
             Err(Error::Kube {
                 source: kube::Error::Api(status),
                 ..
@@ -106,7 +108,7 @@ pub async fn hold(
     let Some(patch) = hold_patch(&meta, &finalizer) else {
         return Ok(false);
     };
-    patch_secret(client, &meta, &patch, "hold").await?;
+    patch_secret(client, writes, &meta, &patch, "hold").await?;
     Ok(true)
 }
 
@@ -125,6 +127,7 @@ async fn read_meta(client: &Client, meta: &ObjectMeta) -> Result<ObjectMeta, Err
 /// `keep`; returns the names of those let go.
 pub async fn release_all_but(
     client: &Client,
+    writes: &OwnedCaches,
     pipeline: &MailerPipeline,
     keep: Option<&str>,
 ) -> Result<Vec<String>, Error> {
@@ -144,15 +147,18 @@ pub async fn release_all_but(
             continue;
         }
         if let Some(patch) = release_patch(&secret.metadata, &finalizer) {
-            patch_secret(client, &secret.metadata, &patch, "let go of").await?;
+            patch_secret(client, writes, &secret.metadata, &patch, "let go of").await?;
             released.push(name);
         }
     }
     Ok(released)
 }
 
+/// Patches the Secret's metadata, and notes the version written, so its watch event
+/// coming back triggers no reconcile.
 async fn patch_secret(
     client: &Client,
+    writes: &OwnedCaches,
     meta: &ObjectMeta,
     patch: &Value,
     verb: &str,
@@ -160,10 +166,12 @@ async fn patch_secret(
     let namespace = meta.namespace.clone().unwrap_or_default();
     let name = meta.name.clone().unwrap_or_default();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    secrets
+    let _writing = writes.writing("Secret", &namespace, &name);
+    let written = secrets
         .patch_metadata(&name, &PatchParams::default(), &Patch::Merge(patch))
         .await
         .map_err(|e| Error::kube(format!("{verb} Secret {namespace}/{name}"), e))?;
+    writes.written_meta("Secret", &written.metadata);
     Ok(())
 }
 

@@ -18,7 +18,7 @@
 //! (the cache not caught up yet, or someone changed it since) is read from the API server.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt::Debug;
 use std::marker::PhantomData;
 use std::sync::Mutex;
@@ -53,9 +53,63 @@ pub struct OwnedStores {
 #[derive(Default)]
 pub struct OwnedCaches {
     scopes: Mutex<Vec<OwnedStores>>,
-    /// The `resourceVersion` of the operator's last write of each object, by
-    /// `(kind, namespace, name)`.
-    written: Mutex<HashMap<(&'static str, String, String), String>>,
+    /// The `resourceVersion`s of the operator's last writes of each object, newest last,
+    /// by `(kind, namespace, name)`: several, since reconciles of several pipelines write
+    /// one object (a connection Secret they share) at about the same time.
+    written: Mutex<HashMap<WriteKey, VecDeque<String>>>,
+    /// The operator's writes in flight, by object.
+    writing: Mutex<HashMap<WriteKey, usize>>,
+    /// Signalled when a write in flight returns.
+    write_returned: tokio::sync::Notify,
+}
+
+/// A write of one object in flight, from before it is sent until its result is noted;
+/// see [`OwnedCaches::writing`].
+pub struct Writing<'a> {
+    caches: &'a OwnedCaches,
+    key: WriteKey,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        let mut writing = lock(&self.caches.writing);
+        if let Some(count) = writing.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                writing.remove(&self.key);
+            }
+        }
+        drop(writing);
+        self.caches.write_returned.notify_waiters();
+    }
+}
+
+/// How long a watch event waits for a write of its object in flight to return.
+const WRITE_WAIT: Duration = Duration::from_secs(5);
+
+/// How many of the operator's writes of one object are remembered.
+const WRITES_KEPT: usize = 32;
+
+/// An object the operator writes: its kind, namespace and name.
+type WriteKey = (&'static str, String, String);
+
+fn note_write(
+    written: &mut HashMap<WriteKey, VecDeque<String>>,
+    key: WriteKey,
+    version: Option<&String>,
+) {
+    match version {
+        Some(version) => {
+            let versions = written.entry(key).or_default();
+            versions.push_back(version.clone());
+            if versions.len() > WRITES_KEPT {
+                versions.pop_front();
+            }
+        }
+        None => {
+            written.remove(&key);
+        }
+    }
 }
 
 /// A kind of owned object and where its caches are.
@@ -99,11 +153,73 @@ impl OwnedCaches {
             object.namespace().unwrap_or_default(),
             object.name_any(),
         );
-        let mut written = lock(&self.written);
-        match object.resource_version() {
-            Some(version) => written.insert(key, version),
-            None => written.remove(&key),
+        note_write(
+            &mut lock(&self.written),
+            key,
+            object.resource_version().as_ref(),
+        );
+    }
+
+    /// Notes the operator's write of a `kind` object's metadata (a Secret it holds, say),
+    /// in the version the API server returned.
+    pub fn written_meta(&self, kind: &'static str, meta: &ObjectMeta) {
+        let key = (
+            kind,
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        );
+        note_write(
+            &mut lock(&self.written),
+            key,
+            meta.resource_version.as_ref(),
+        );
+    }
+
+    /// Whether the `kind` object of `meta` is in the very version the operator last wrote:
+    /// a watch event of it is the operator's own write coming back, which triggers no
+    /// reconcile.
+    pub fn is_own_write(&self, kind: &'static str, meta: &ObjectMeta) -> bool {
+        let key = (
+            kind,
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        );
+        meta.resource_version.as_ref().is_some_and(|version| {
+            lock(&self.written)
+                .get(&key)
+                .is_some_and(|versions| versions.contains(version))
+        })
+    }
+
+    /// Marks a write of the `kind` object `namespace/name` as in flight until the value
+    /// returned is dropped, which the caller does once it noted the write's result: a
+    /// watch event of the object waits for it ([`writes_done`](Self::writes_done)).
+    pub fn writing(&self, kind: &'static str, namespace: &str, name: &str) -> Writing<'_> {
+        let key = (kind, namespace.to_string(), name.to_string());
+        *lock(&self.writing).entry(key.clone()).or_default() += 1;
+        Writing { caches: self, key }
+    }
+
+    /// Returns once no write of the `kind` object of `meta` is in flight (at most
+    /// [`WRITE_WAIT`]).
+    pub async fn writes_done(&self, kind: &'static str, meta: &ObjectMeta) {
+        let key = (
+            kind,
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        );
+        let waited = async {
+            loop {
+                let returned = self.write_returned.notified();
+                tokio::pin!(returned);
+                returned.as_mut().enable();
+                if !lock(&self.writing).contains_key(&key) {
+                    return;
+                }
+                returned.await;
+            }
         };
+        let _ = tokio::time::timeout(WRITE_WAIT, waited).await;
     }
 
     /// Forgets the writes of the objects of the pipeline-owned `names` in `namespace`.
@@ -118,6 +234,7 @@ impl OwnedCaches {
         let key = (K::KIND, namespace.to_string(), name.to_string());
         let current = lock(&self.written)
             .get(&key)
+            .and_then(VecDeque::back)
             .is_none_or(|version| found.meta.resource_version.as_ref() == Some(version));
         if !current {
             return None;

@@ -67,12 +67,12 @@ pub async fn apply(
     // Before anything is made in the broker: what cleans it up needs this Secret.
     let connection_secret = valid.broker.broker.connection_secret.as_ref();
     if let Some(meta) = connection_secret {
-        in_use::hold(client, valid.pipeline, meta).await?;
+        in_use::hold(client, &ctx.owned, valid.pipeline, meta).await?;
     }
     if !unchanged_spec(valid.pipeline) {
         // The spec may name another connection Secret than before.
         let keep = connection_secret.and_then(|meta| meta.name.as_deref());
-        in_use::release_all_but(client, valid.pipeline, keep).await?;
+        in_use::release_all_but(client, &ctx.owned, valid.pipeline, keep).await?;
     }
     if management.ensure_own_grant(vhost).await? {
         user_changes.push(UserChange::SetPermissions {
@@ -91,12 +91,14 @@ pub async fn apply(
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let live_secret = resolved.owned.worker_secret.as_ref();
     let secret_name = kube::ResourceExt::name_any(&desired.worker_secret);
+    let writing = ctx.owned.writing("Secret", namespace, &secret_name);
     let applied_secret = apply_if_changed(&secrets, &desired.worker_secret, live_secret)
         .await
         .map_err(|e| Error::kube(format!("apply Secret {namespace}/{secret_name}"), e))?;
     if let Some(applied) = &applied_secret {
         ctx.owned.written(applied);
     }
+    drop(writing);
     if applied_secret.is_some() && live_secret.is_some() {
         reapplied_objects.push(format!("Secret {secret_name}"));
     }
@@ -114,12 +116,14 @@ pub async fn apply(
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
     let live = resolved.owned.deployment.as_ref();
     let name = kube::ResourceExt::name_any(&desired.deployment);
+    let writing = ctx.owned.writing("Deployment", namespace, &name);
     let applied = apply_if_changed(&deployments, &desired.deployment, live)
         .await
         .map_err(|e| Error::kube(format!("apply Deployment {namespace}/{name}"), e))?;
     if let Some(applied) = &applied {
         ctx.owned.written(applied);
     }
+    drop(writing);
     // A Deployment whose Secrets' hash is the one desired differed in something else.
     if applied.is_some()
         && live.is_some_and(|live| {

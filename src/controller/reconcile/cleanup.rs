@@ -63,7 +63,7 @@ pub async fn cleanup(
         None => false,
     };
     // The Secrets this cleanup needed may go now.
-    in_use::release_all_but(&ctx.client, pipeline, None).await?;
+    in_use::release_all_but(&ctx.client, &ctx.owned, pipeline, None).await?;
     let regarding = pipeline.object_ref(&());
     let mut note = Vec::new();
     if !report.removed.is_empty() {

@@ -109,13 +109,13 @@ pub async fn run_controllers(
 async fn controller_for(
     client: &Client,
     namespace: Option<&str>,
-    ctx: &Context,
+    ctx: &Arc<Context>,
 ) -> Controller<Guarded> {
     let index = ReferenceIndex::default();
     let (reader, writer) = reflector::store();
     let pipelines = pipeline_triggers(api::<Guarded>(client, namespace), writer, index.clone());
-    let (deployments, deployment_events) = owned_cache::<Deployment>(client, namespace);
-    let (secrets, secret_events) = owned_cache::<Secret>(client, namespace);
+    let (deployments, deployment_events) = owned_cache::<Deployment>(client, namespace, ctx);
+    let (secrets, secret_events) = owned_cache::<Secret>(client, namespace, ctx);
     ctx.owned.register(OwnedStores {
         deployments,
         secrets,
@@ -126,9 +126,13 @@ async fn controller_for(
         .owns_stream(deployment_events)
         .owns_stream(secret_events)
         .watches_stream(
-            after_first_list(watcher(
-                api::<PartialObjectMeta<Secret>>(client, namespace),
-                watcher::Config::default(),
+            after_first_list(not_own_writes(
+                watcher(
+                    api::<PartialObjectMeta<Secret>>(client, namespace),
+                    watcher::Config::default(),
+                ),
+                ctx.clone(),
+                "Secret",
             )),
             move |secret| {
                 by_secret.pipelines(&Referenced::Secret {
@@ -189,6 +193,7 @@ pub fn pipeline_triggers(
 fn owned_cache<K>(
     client: &Client,
     namespace: Option<&str>,
+    ctx: &Arc<Context>,
 ) -> (
     Store<Packed<K>>,
     impl Stream<Item = Result<Packed<K>, watcher::Error>> + Send + 'static,
@@ -203,7 +208,39 @@ where
     let events = watcher(api::<K>(client, namespace), config)
         .map_ok(Packed::pack_event)
         .reflect(writer);
-    (reader, after_first_list(events))
+    (
+        reader,
+        after_first_list(not_own_writes(events, ctx.clone(), K::KIND)),
+    )
+}
+
+/// A watch's events without those that are the operator's own writes coming back (an
+/// object changed, in the very version the operator's write returned): they trigger no
+/// reconcile, since the reconcile that wrote them already acted on them. A deletion, or
+/// a change by anyone else, still triggers one.
+fn not_own_writes<K>(
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    ctx: Arc<Context>,
+    kind: &'static str,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: kube::Resource + Send + 'static,
+{
+    events.try_filter(move |event| {
+        let ctx = ctx.clone();
+        let changed = match event {
+            watcher::Event::Apply(object) => Some(object.meta().clone()),
+            _ => None,
+        };
+        async move {
+            let Some(meta) = changed else {
+                return true;
+            };
+            // The event may come back before the write that made it has returned.
+            ctx.owned.writes_done(kind, &meta).await;
+            !ctx.owned.is_own_write(kind, &meta)
+        }
+    })
 }
 
 /// The objects a watch's events touch, to trigger the reconciles of the pipelines they
