@@ -14,6 +14,8 @@ mod autoscaling;
 mod broker;
 #[path = "controller/claims.rs"]
 mod claims;
+#[path = "controller/clients.rs"]
+mod clients;
 #[path = "controller/coexistence.rs"]
 mod coexistence;
 #[path = "controller/deletion.rs"]
