@@ -50,6 +50,8 @@ mod process;
 mod provider_ca;
 #[path = "topology/proxy.rs"]
 pub mod proxy;
+#[path = "controller/readme.rs"]
+mod readme;
 #[path = "controller/reconciles.rs"]
 mod reconciles;
 #[path = "controller/running.rs"]
