@@ -14,6 +14,8 @@ mod autoscaling;
 mod broker;
 #[path = "controller/claims.rs"]
 mod claims;
+#[path = "controller/clients.rs"]
+mod clients;
 #[path = "controller/coexistence.rs"]
 mod coexistence;
 #[path = "controller/deletion.rs"]
@@ -48,6 +50,8 @@ mod process;
 mod provider_ca;
 #[path = "topology/proxy.rs"]
 pub mod proxy;
+#[path = "controller/readme.rs"]
+mod readme;
 #[path = "controller/reconciles.rs"]
 mod reconciles;
 #[path = "controller/running.rs"]

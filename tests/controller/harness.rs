@@ -71,6 +71,12 @@ fn harness_of(cluster: &str, cleanup_deadline: Duration) -> Harness {
 
 /// A harness whose operator runs with the settings `tune` makes of the default ones.
 pub fn harness_tuned(tune: impl FnOnce(&mut Settings)) -> Harness {
+    harness_on(FakeApi::default(), tune)
+}
+
+/// A harness on `fake` (e.g. a `FakeApi::cluster` that kubectl and Helm use too) whose
+/// operator runs with the settings `tune` makes of the default ones.
+pub fn harness_on(fake: FakeApi, tune: impl FnOnce(&mut Settings)) -> Harness {
     let mut settings = Settings {
         worker_image: "reg/mailer:test".into(),
         resync_interval: RESYNC,
@@ -83,7 +89,7 @@ pub fn harness_tuned(tune: impl FnOnce(&mut Settings)) -> Harness {
         cleanup_deadline: CLEANUP_DEADLINE,
     };
     tune(&mut settings);
-    operator_of(FakeApi::default(), settings)
+    operator_of(fake, settings)
 }
 
 /// An operator with `settings` on `fake`'s API server.

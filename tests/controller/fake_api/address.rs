@@ -86,12 +86,19 @@ impl Address {
     /// Whether objects of this resource have a `status` subresource: writes to the
     /// object never change its status, and writes to `/status` change nothing else.
     pub fn has_status_subresource(&self) -> bool {
-        ["mailerpipelines", "deployments", "rabbitmqclusters"].contains(&self.resource.as_str())
+        self.tracks_generation() || self.resource == "namespaces"
     }
 
     /// Whether `metadata.generation` counts the changes of this resource's spec.
     pub fn tracks_generation(&self) -> bool {
-        self.has_status_subresource()
+        [
+            "mailerpipelines",
+            "deployments",
+            "rabbitmqclusters",
+            "customresourcedefinitions",
+            "poddisruptionbudgets",
+        ]
+        .contains(&self.resource.as_str())
     }
 }
 

@@ -452,3 +452,386 @@ mod patch {
         assert_eq!(object["metadata"]["labels"]["a/b"], "d");
     }
 }
+
+/// A raw request to `fake` as kubectl or Helm would send it.
+async fn call(
+    fake: &FakeApi,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    accept: &str,
+    body: Option<serde_json::Value>,
+) -> Result<serde_json::Value, kube::Error> {
+    let body = body.map_or_else(Vec::new, |b| serde_json::to_vec(&b).unwrap());
+    let request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", content_type)
+        .header("accept", accept)
+        .body(body)
+        .unwrap();
+    fake.client().request::<serde_json::Value>(request).await
+}
+
+const JSON: &str = "application/json";
+const CRDS: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+
+fn code(result: Result<serde_json::Value, kube::Error>) -> u16 {
+    match result {
+        Ok(_) => 200,
+        Err(kube::Error::Api(status)) => status.code,
+        Err(other) => panic!("{other}"),
+    }
+}
+
+#[tokio::test]
+async fn a_new_cluster_serves_what_its_crds_define_and_objects_need_their_namespace() {
+    let fake = FakeApi::cluster(None);
+    let pipelines = format!("/apis/mailer.dev/v1alpha1/namespaces/{NS}/mailerpipelines");
+    let get = |path: String| {
+        let fake = fake.clone();
+        async move { call(&fake, "GET", &path, JSON, JSON, None).await }
+    };
+    assert_eq!(code(get("/apis/mailer.dev/v1alpha1".into()).await), 404);
+    assert_eq!(
+        code(get(pipelines.clone()).await),
+        404,
+        "no CRD, no resource"
+    );
+    let groups = get("/apis".into()).await.unwrap();
+    assert!(!groups.to_string().contains("mailer.dev"));
+
+    let crd: serde_json::Value = serde_yaml::from_str(&mailer::cli::crd::yaml().unwrap()).unwrap();
+    let path = format!("{CRDS}/mailerpipelines.mailer.dev?fieldManager=kubectl&force=true");
+    let applied = call(
+        &fake,
+        "PATCH",
+        &path,
+        "application/apply-patch+yaml",
+        JSON,
+        Some(crd),
+    )
+    .await
+    .unwrap();
+    let conditions = &applied["status"]["conditions"];
+    assert!(
+        conditions
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "Established" && c["status"] == "True"),
+        "{conditions}"
+    );
+    let resources = get("/apis/mailer.dev/v1alpha1".into()).await.unwrap();
+    let resource = resources["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "mailerpipelines")
+        .expect("served once the CRD is")
+        .clone();
+    assert_eq!(
+        (
+            &resource["kind"],
+            &resource["shortNames"],
+            &resource["namespaced"]
+        ),
+        (&json!("MailerPipeline"), &json!(["mp"]), &json!(true))
+    );
+    assert!(
+        get("/apis".into())
+            .await
+            .unwrap()
+            .to_string()
+            .contains("mailer.dev/v1alpha1")
+    );
+
+    let refused = call(
+        &fake,
+        "POST",
+        &pipelines,
+        JSON,
+        JSON,
+        Some(pipeline("shop")),
+    )
+    .await;
+    assert_eq!(code(refused), 404, "namespace {NS} does not exist yet");
+    let namespace = call(
+        &fake,
+        "POST",
+        "/api/v1/namespaces",
+        JSON,
+        JSON,
+        Some(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(namespace["status"]["phase"], "Active");
+    assert_eq!(
+        namespace["metadata"]["labels"]["kubernetes.io/metadata.name"],
+        NS
+    );
+    call(
+        &fake,
+        "POST",
+        &pipelines,
+        JSON,
+        JSON,
+        Some(pipeline("shop")),
+    )
+    .await
+    .unwrap();
+
+    call(
+        &fake,
+        "DELETE",
+        &format!("{CRDS}/mailerpipelines.mailer.dev"),
+        JSON,
+        JSON,
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(code(get(pipelines).await), 404, "no longer served");
+}
+
+#[tokio::test]
+async fn tables_field_selectors_core_events_and_string_data_as_kube_apiserver_answers_them() {
+    let fake = FakeApi::cluster(None);
+    let crd: serde_json::Value = serde_yaml::from_str(&mailer::cli::crd::yaml().unwrap()).unwrap();
+    fake.put(&format!("{CRDS}/mailerpipelines.mailer.dev"), crd);
+    fake.put(
+        &format!("/api/v1/namespaces/{NS}"),
+        json!({"apiVersion": "v1", "kind": "Namespace"}),
+    );
+    let mut shop = pipeline("shop");
+    shop["status"] = json!({"conditions": [{"type": "Ready", "status": "True"}],
+                            "queues": {"send": 3, "retry": 0, "dead": 1}, "workers": {"ready": 2}});
+    let pipelines = format!("/apis/mailer.dev/v1alpha1/namespaces/{NS}/mailerpipelines");
+    fake.put(&format!("{pipelines}/shop"), shop);
+    fake.put(&format!("{pipelines}/other"), pipeline("other"));
+
+    let table = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
+    let answer = call(&fake, "GET", &pipelines, JSON, table, None)
+        .await
+        .unwrap();
+    assert_eq!(answer["kind"], "Table");
+    let names: Vec<&str> = answer["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["Name", "Ready", "Send", "Retry", "Dead", "Workers", "Age"]
+    );
+    let cells = &answer["rows"][1]["cells"];
+    assert_eq!(
+        cells.as_array().unwrap()[..6],
+        [
+            json!("shop"),
+            json!("True"),
+            json!(3),
+            json!(0),
+            json!(1),
+            json!(2)
+        ]
+    );
+    assert_eq!(
+        answer["rows"][0]["cells"][1],
+        serde_json::Value::Null,
+        "no status, no cell"
+    );
+
+    let selected = call(
+        &fake,
+        "GET",
+        &format!("{pipelines}?fieldSelector=metadata.name%3Dshop"),
+        JSON,
+        JSON,
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(selected["items"].as_array().unwrap().len(), 1);
+    assert_eq!(selected["kind"], "MailerPipelineList");
+    let unsupported = call(
+        &fake,
+        "GET",
+        &format!("{pipelines}?fieldSelector=spec.x%3Dy"),
+        JSON,
+        JSON,
+        None,
+    )
+    .await;
+    assert_eq!(code(unsupported), 400);
+
+    let secret = call(
+        &fake,
+        "POST",
+        &format!("/api/v1/namespaces/{NS}/secrets"),
+        JSON,
+        JSON,
+        Some(
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
+                    "stringData": {"url": "smtp://x"}}),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (&secret["data"]["url"], &secret["type"]),
+        (&json!("c210cDovL3g="), &json!("Opaque"))
+    );
+    assert!(secret.get("stringData").is_none(), "never stored");
+
+    // What the operator publishes through events.k8s.io/v1 is what kubectl describe
+    // finds through core v1.
+    let event = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": "shop.1", "namespace": NS}, "reason": "TopologyCreated",
+        "note": "made it", "type": "Normal", "reportingController": "mailer-operator",
+        "regarding": {"kind": "MailerPipeline", "name": "shop", "namespace": NS, "uid": "u1"}});
+    call(
+        &fake,
+        "POST",
+        &format!("/apis/events.k8s.io/v1/namespaces/{NS}/events"),
+        JSON,
+        JSON,
+        Some(event),
+    )
+    .await
+    .unwrap();
+    let core = call(
+        &fake,
+        "GET",
+        &format!("/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.name%3Dshop,involvedObject.kind%3DMailerPipeline"),
+        JSON,
+        JSON,
+        None,
+    )
+    .await
+    .unwrap();
+    let item = &core["items"][0];
+    assert_eq!(
+        (
+            &item["apiVersion"],
+            &item["message"],
+            &item["involvedObject"]["uid"],
+            &item["reportingComponent"]
+        ),
+        (
+            &json!("v1"),
+            &json!("made it"),
+            &json!("u1"),
+            &json!("mailer-operator")
+        )
+    );
+    let none = call(
+        &fake,
+        "GET",
+        &format!("/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.name%3Dother"),
+        JSON,
+        JSON,
+        None,
+    )
+    .await
+    .unwrap();
+    assert!(none["items"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn strategic_merge_patches_merge_lists_by_key_and_unknown_fields_are_dropped_or_refused() {
+    let fake = FakeApi::cluster(Some(super::clients::definitions()));
+    fake.put(
+        &format!("/api/v1/namespaces/{NS}"),
+        json!({"apiVersion": "v1", "kind": "Namespace"}),
+    );
+    let deployments = format!("/apis/apps/v1/namespaces/{NS}/deployments");
+    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "w"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"a": "b"}},
+                 "template": {"metadata": {"labels": {"a": "b"}},
+                              "spec": {"containers": [{"name": "one", "image": "i:1"},
+                                                      {"name": "two", "image": "i:1", "args": ["x"]}]}}}});
+    let strict = call(
+        &fake,
+        "POST",
+        &format!("{deployments}?fieldValidation=Strict"),
+        JSON,
+        JSON,
+        Some({
+            let mut d = deployment.clone();
+            d["spec"]["bogus"] = json!(1);
+            d
+        }),
+    )
+    .await;
+    assert_eq!(code(strict), 400, "Strict refuses an unknown field");
+    let mut warned = deployment.clone();
+    warned["spec"]["bogus"] = json!(1);
+    let created = call(&fake, "POST", &deployments, JSON, JSON, Some(warned))
+        .await
+        .unwrap();
+    assert!(
+        created["spec"].get("bogus").is_none(),
+        "Warn (the default) drops it"
+    );
+
+    let patch = json!({"spec": {"replicas": 3, "template": {"spec": {
+        "$setElementOrder/containers": [{"name": "two"}, {"name": "one"}],
+        "containers": [{"name": "two", "image": "i:2"}]}}}});
+    let patched = call(
+        &fake,
+        "PATCH",
+        &format!("{deployments}/w"),
+        "application/strategic-merge-patch+json",
+        JSON,
+        Some(patch),
+    )
+    .await
+    .unwrap();
+    let containers = &patched["spec"]["template"]["spec"]["containers"];
+    assert_eq!(
+        containers,
+        &json!([{"name": "two", "image": "i:2", "args": ["x"]}, {"name": "one", "image": "i:1"}]),
+        "merged by name, the other kept, in the order asked"
+    );
+    let delete = json!({"spec": {"template": {"spec": {"containers": [{"name": "one", "$patch": "delete"}]}}}});
+    let patched = call(
+        &fake,
+        "PATCH",
+        &format!("{deployments}/w"),
+        "application/strategic-merge-patch+json",
+        JSON,
+        Some(delete),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        patched["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(patched["spec"]["replicas"], 3);
+
+    let crd: serde_json::Value = serde_yaml::from_str(&mailer::cli::crd::yaml().unwrap()).unwrap();
+    fake.put(&format!("{CRDS}/mailerpipelines.mailer.dev"), crd);
+    let pipelines = format!("/apis/mailer.dev/v1alpha1/namespaces/{NS}/mailerpipelines");
+    fake.put(&format!("{pipelines}/shop"), pipeline("shop"));
+    let refused = call(
+        &fake,
+        "PATCH",
+        &format!("{pipelines}/shop"),
+        "application/strategic-merge-patch+json",
+        JSON,
+        Some(json!({"spec": {"worker": {"replicas": 2}}})),
+    )
+    .await;
+    assert_eq!(
+        code(refused),
+        415,
+        "custom resources take no strategic merge patch"
+    );
+}

@@ -16,14 +16,30 @@
 //!   controller sees its own writes come back;
 //! - every request recorded, so a test can count and inspect writes.
 //!
+//! For the clients people use (kubectl, Helm), `FakeApi::cluster` is a new cluster:
+//! only the built-in kinds and what stored CRDs define are served, and namespaces must
+//! exist; it answers discovery and `/version` (`discovery.rs`), the OpenAPI v2 and v3
+//! documents (`openapi.rs`), Tables for `kubectl get` (`table.rs`), field selectors,
+//! core `v1` events as a view of `events.k8s.io/v1` ones (`events.rs`), strategic merge
+//! patches (`strategic.rs`), protobuf bodies of typed clients (`protobuf.rs`), and
+//! fills in what kube-apiserver does on writes
+//! (`admission.rs`).
+//!
 //! Each concern is a file of its own, so tests can add one (e.g. a fault) beside them.
 
 pub mod address;
+pub mod admission;
+pub mod discovery;
+pub mod events;
 pub mod faults;
 pub mod managers;
+pub mod openapi;
 pub mod patch;
+pub mod protobuf;
 pub mod selector;
 pub mod store;
+pub mod strategic;
+pub mod table;
 pub mod watch;
 
 use std::convert::Infallible;
@@ -82,6 +98,9 @@ struct Shared {
     /// The newest resourceVersion, for watches to wait on.
     changed: tokio::sync::watch::Sender<u64>,
     faults: faults::Faults,
+    /// The built-in kinds' OpenAPI definitions, for `/openapi/*` and strategic merge
+    /// patches (`openapi.rs`); without them those answer 404 and 415.
+    definitions: Option<Arc<openapi::Definitions>>,
 }
 
 /// The fake server's state, shared with whatever answers the clients.
@@ -92,17 +111,7 @@ pub struct FakeApi {
 
 impl Default for FakeApi {
     fn default() -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                state: Mutex::new(State {
-                    store: Store::default(),
-                    requests: Vec::new(),
-                }),
-                managers: Mutex::new(Managers::default()),
-                changed: tokio::sync::watch::channel(0).0,
-                faults: faults::Faults::default(),
-            }),
-        }
+        Self::with(Store::default(), None)
     }
 }
 
@@ -110,6 +119,29 @@ impl Default for FakeApi {
 const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
 
 impl FakeApi {
+    fn with(store: Store, definitions: Option<openapi::Definitions>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    store,
+                    requests: Vec::new(),
+                }),
+                managers: Mutex::new(Managers::default()),
+                changed: tokio::sync::watch::channel(0).0,
+                faults: faults::Faults::default(),
+                definitions: definitions.map(Arc::new),
+            }),
+        }
+    }
+
+    /// A new cluster (see the module's doc): nothing but the built-in kinds served, no
+    /// namespace, no CRD; `definitions` are the built-in kinds' OpenAPI schemas.
+    pub fn cluster(definitions: Option<openapi::Definitions>) -> Self {
+        let mut store = Store::default();
+        store.strict = true;
+        Self::with(store, definitions)
+    }
+
     /// A client whose requests this fake answers, in this process.
     pub fn client(&self) -> Client {
         Client::new(self.router(), "default")
@@ -219,7 +251,13 @@ impl FakeApi {
             token: header("authorization")
                 .trim_start_matches("Bearer ")
                 .to_string(),
-            body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            body: if header("content-type").contains("protobuf") {
+                protobuf::decode(&bytes).unwrap_or(Value::Null)
+            } else {
+                serde_json::from_slice(&bytes)
+                    .or_else(|_| serde_yaml::from_slice(&bytes))
+                    .unwrap_or(Value::Null)
+            },
             at: std::time::Instant::now(),
         };
         self.lock().requests.push(recorded.clone());
@@ -231,6 +269,19 @@ impl FakeApi {
         }
         match self.answer(&recorded) {
             Ok(Answer::Object(code, object)) => json_response(code, &object),
+            Ok(Answer::Warned(code, object, warnings)) => {
+                let mut response = json_response(code, &object);
+                for warning in warnings {
+                    let text = format!(
+                        "299 - {}",
+                        serde_json::to_string(&warning).unwrap_or_default()
+                    );
+                    if let Ok(value) = http::HeaderValue::from_str(&text) {
+                        response.headers_mut().append("warning", value);
+                    }
+                }
+                response
+            }
             Ok(Answer::Watch(request)) => Response::builder()
                 .status(StatusCode::OK)
                 .header("content-type", "application/json")
@@ -241,12 +292,18 @@ impl FakeApi {
     }
 
     fn answer(&self, request: &Recorded) -> Result<Answer, ApiError> {
-        let Some(address) = Address::parse(&request.path) else {
-            return self.discovery(&request.path);
+        let Some(mut address) = Address::parse(&request.path) else {
+            return self.non_resource(&request.path);
         };
         let query = Query::parse(&request.query);
         let metadata_only = request.accept.contains("as=PartialObjectMetadata");
-        let served = self.with_store(|s| s.serves(&address.prefix, &address.resource));
+        let as_table = table::wanted(&request.accept);
+        let (served, definition) = self.with_store(|s| {
+            (
+                s.serves(&address.prefix, &address.resource),
+                discovery::find(s, &address.prefix, &address.resource),
+            )
+        });
         if !served {
             return Err(ApiError::new(
                 404,
@@ -254,14 +311,79 @@ impl FakeApi {
                 "the server could not find the requested resource",
             ));
         }
-        let body = request.body.clone();
+        let group = definition
+            .as_ref()
+            .map(|d| d.group.clone())
+            .unwrap_or_default();
+        // Core events are a view of the events.k8s.io ones, which are what is stored.
+        let core_events = address.prefix == events::CORE_PREFIX && address.resource == "events";
+        if request.is_write()
+            && request.method != "DELETE"
+            && request.content_type.contains("protobuf")
+            && request.body.is_null()
+        {
+            return Err(ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!(
+                    "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (not {})",
+                    request.content_type
+                ),
+            ));
+        }
+        let mut body = request.body.clone();
+        if core_events {
+            address.prefix = events::STORED_PREFIX.to_string();
+            body = events::from_core(&body);
+        }
+        let warnings = if matches!(request.method.as_str(), "POST" | "PUT" | "PATCH")
+            && !request.content_type.starts_with("application/json-patch")
+            && address.subresource.as_deref() != Some("scale")
+        {
+            let validation = query.get("fieldValidation").unwrap_or("Warn");
+            self.validate_fields(&address, &mut body, validation)?
+        } else {
+            Vec::new()
+        };
+        let written = |code: u16, object: Value| {
+            if warnings.is_empty() {
+                Answer::Object(code, object)
+            } else {
+                Answer::Warned(code, object, warnings.clone())
+            }
+        };
+        let view = |object: Value| {
+            if core_events {
+                events::to_core(&object)
+            } else {
+                object
+            }
+        };
         match (request.method.as_str(), &address.name) {
             ("GET", None) => {
+                let fields = query.get("fieldSelector").unwrap_or_default();
+                let fields = if core_events {
+                    fields
+                        .split(',')
+                        .map(|f| events::stored_field(f.trim()))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                } else {
+                    fields.to_string()
+                };
                 let selector = Selector::parse(query.get("labelSelector").unwrap_or_default())
+                    .and_then(|s| {
+                        s.with_fields(&fields, |field| {
+                            let stored_group = if core_events { "events.k8s.io" } else { &group };
+                            selector::fields_supported(stored_group, &address.resource, field)
+                        })
+                    })
                     .map_err(|why| ApiError::new(400, "BadRequest", why))?;
                 if matches!(query.get("watch"), Some("true" | "1")) {
+                    let initial = query.get("sendInitialEvents") == Some("true");
                     let since = query
                         .get("resourceVersion")
+                        .filter(|_| !initial)
                         .filter(|v| !v.is_empty() && *v != "0")
                         .map(|v| v.parse().map_err(|_| ApiError::new(400, "BadRequest", v)))
                         .transpose()?;
@@ -274,6 +396,11 @@ impl FakeApi {
                         selector,
                         since,
                         metadata_only,
+                        core_events,
+                        initial_events_end: initial.then(|| match &definition {
+                            Some(d) => (d.group_version(), d.kind.clone()),
+                            None => ("v1".to_string(), "Status".to_string()),
+                        }),
                         timeout,
                     }));
                 }
@@ -285,20 +412,26 @@ impl FakeApi {
                     let (items, next) = s.list(&address, &selector, query.get("continue"), limit);
                     (items, next, s.version)
                 });
+                let items: Vec<Value> = items.into_iter().map(view).collect();
+                if as_table {
+                    let mut table = table::of(definition.as_ref(), &items, &version.to_string());
+                    if let Some(next) = next {
+                        table["metadata"]["continue"] = json!(next);
+                    }
+                    return Ok(Answer::Object(200, table));
+                }
                 let items: Vec<Value> = if metadata_only {
                     items.iter().map(watch::metadata_of).collect()
                 } else {
                     items
                 };
-                let kind = if metadata_only {
-                    "PartialObjectMetadataList"
-                } else {
-                    "List"
-                };
-                let api_version = if metadata_only {
-                    "meta.k8s.io/v1"
-                } else {
-                    "v1"
+                let (kind, api_version) = match &definition {
+                    _ if metadata_only => (
+                        "PartialObjectMetadataList".to_string(),
+                        "meta.k8s.io/v1".to_string(),
+                    ),
+                    Some(d) => (format!("{}List", d.kind), d.group_version()),
+                    None => ("List".to_string(), "v1".to_string()),
                 };
                 let mut metadata = json!({"resourceVersion": version.to_string()});
                 if let Some(next) = next {
@@ -313,9 +446,16 @@ impl FakeApi {
                 let object = self
                     .get(&address.key())
                     .ok_or_else(|| ApiError::not_found(&address.key()))?;
+                let object = view(object);
+                let version = object["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
                 Ok(Answer::Object(
                     200,
-                    if metadata_only {
+                    if as_table {
+                        table::of(definition.as_ref(), std::slice::from_ref(&object), &version)
+                    } else if metadata_only {
                         watch::metadata_of(&object)
                     } else {
                         object
@@ -324,18 +464,23 @@ impl FakeApi {
             }
             ("POST", None) => self
                 .with_store(|s| s.create(&address, body))
-                .map(|o| Answer::Object(201, o)),
+                .map(|o| written(201, view(o))),
             ("PUT", Some(_)) => {
                 let previous = self.get(&address.key());
-                let written = self.with_store(|s| s.replace(&address, body))?;
-                self.owned_by_writer(&address, &query, previous.as_ref(), &written);
-                Ok(Answer::Object(200, written))
+                let object = self.with_store(|s| s.replace(&address, body))?;
+                self.owned_by_writer(&address, &query, previous.as_ref(), &object);
+                Ok(written(200, view(object)))
             }
             ("PATCH", Some(_)) => {
                 let kind = patch_kind(&request.content_type).ok_or_else(|| {
                     ApiError::new(415, "UnsupportedMediaType", request.content_type.clone())
                 })?;
                 let previous = self.get(&address.key());
+                if kind == PatchKind::Strategic {
+                    let object = self.strategic_patch(&address, definition.as_ref(), &body)?;
+                    self.owned_by_writer(&address, &query, previous.as_ref(), &object);
+                    return Ok(written(200, view(object)));
+                }
                 let body = match (kind, query.get("fieldManager")) {
                     (PatchKind::Apply, Some(manager)) if address.subresource.is_none() => {
                         let force = query.get("force") == Some("true");
@@ -349,21 +494,101 @@ impl FakeApi {
                     }
                     _ => body,
                 };
-                let written = self.with_store(|s| s.patch(&address, kind, body))?;
+                let object = self.with_store(|s| s.patch(&address, kind, body))?;
                 if kind != PatchKind::Apply {
-                    self.owned_by_writer(&address, &query, previous.as_ref(), &written);
+                    self.owned_by_writer(&address, &query, previous.as_ref(), &object);
                 }
-                Ok(Answer::Object(200, written))
+                Ok(written(200, view(object)))
             }
             ("DELETE", Some(_)) => {
                 let deleted = self.with_store(|s| s.delete(&address))?;
                 if self.get(&address.key()).is_none() {
                     self.managers().forget(&address.key());
                 }
-                Ok(Answer::Object(200, deleted))
+                Ok(Answer::Object(200, view(deleted)))
             }
             (method, _) => Err(ApiError::new(405, "MethodNotAllowed", method.to_string())),
         }
+    }
+
+    /// kube-apiserver's field validation of a written body, by the kind's schema (when
+    /// this fake has the definitions): unknown fields are dropped, with a warning each
+    /// (`Warn`, the default), or refused (`Strict`), or dropped silently (`Ignore`).
+    fn validate_fields(
+        &self,
+        address: &Address,
+        body: &mut Value,
+        validation: &str,
+    ) -> Result<Vec<String>, ApiError> {
+        let Some(definitions) = self.shared.definitions.clone() else {
+            return Ok(Vec::new());
+        };
+        let Some(served) =
+            self.with_store(|s| discovery::find(s, &address.prefix, &address.resource))
+        else {
+            return Ok(Vec::new());
+        };
+        let schema = match &served.schema {
+            Some(_) => openapi::crd_definition(&served),
+            None => match definitions.of_kind(&served.group, &served.version, &served.kind) {
+                Some((_, schema)) => schema.clone(),
+                None => return Ok(Vec::new()),
+            },
+        };
+        let unknown = openapi::prune(Some(&definitions), &schema, body);
+        if unknown.is_empty() || validation == "Ignore" {
+            return Ok(Vec::new());
+        }
+        let messages: Vec<String> = unknown
+            .iter()
+            .map(|field| format!("unknown field {field:?}"))
+            .collect();
+        if validation == "Strict" {
+            return Err(ApiError::new(
+                400,
+                "BadRequest",
+                format!(
+                    "{} in version {:?} cannot be handled as a {}: strict decoding error: {}",
+                    served.kind,
+                    served.group_version(),
+                    served.kind,
+                    messages.join(", ")
+                ),
+            ));
+        }
+        Ok(messages)
+    }
+
+    /// A strategic merge patch of a built-in kind, by its OpenAPI schema.
+    fn strategic_patch(
+        &self,
+        address: &Address,
+        definition: Option<&discovery::Served>,
+        patch: &Value,
+    ) -> Result<Value, ApiError> {
+        let unsupported = || {
+            ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+            )
+        };
+        let definitions = self.shared.definitions.clone().ok_or_else(unsupported)?;
+        let served = definition
+            .filter(|d| d.schema.is_none())
+            .ok_or_else(unsupported)?;
+        let (_, schema) = definitions
+            .of_kind(&served.group, &served.version, &served.kind)
+            .ok_or_else(unsupported)?;
+        self.with_store(|s| {
+            let previous = s
+                .get(&address.key())
+                .cloned()
+                .ok_or_else(|| ApiError::not_found(&address.key()))?;
+            let patched = strategic::apply(&definitions, schema, &previous, patch)
+                .map_err(|why| ApiError::new(422, "Invalid", why))?;
+            s.patched(address, patch, patched)
+        })
     }
 
     fn managers(&self) -> std::sync::MutexGuard<'_, Managers> {
@@ -393,29 +618,40 @@ impl FakeApi {
         }
     }
 
-    /// `GET /apis/<group>/<version>`: the resources served there.
-    fn discovery(&self, path: &str) -> Result<Answer, ApiError> {
-        let prefix = path.trim_end_matches('/');
-        let resources = self.with_store(|s| s.resources_under(prefix));
-        if resources.is_empty() {
-            return Err(ApiError::not_found(path));
-        }
-        let group_version = prefix
-            .trim_start_matches("/apis/")
-            .trim_start_matches("/api/");
-        let resources: Vec<Value> = resources
-            .iter()
-            .map(|r| json!({"name": r, "namespaced": true, "kind": "", "verbs": ["get", "list", "watch"]}))
-            .collect();
-        Ok(Answer::Object(
-            200,
-            json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}),
-        ))
+    /// What is not an object: `/version`, discovery, OpenAPI.
+    fn non_resource(&self, path: &str) -> Result<Answer, ApiError> {
+        let path = path.trim_end_matches('/');
+        let (served, extra) = self.with_store(|s| (discovery::all(s), s.resources_under(path)));
+        let strict = self.with_store(|s| s.strict);
+        let found = match path {
+            "/version" => Some(discovery::version()),
+            "/api" if strict => Some(discovery::core_versions()),
+            "/apis" if strict => Some(discovery::groups(&served)),
+            "/openapi/v2" => self
+                .shared
+                .definitions
+                .as_ref()
+                .map(|d| openapi::v2(d, &served)),
+            _ if path.starts_with("/openapi/v3") => self
+                .shared
+                .definitions
+                .as_ref()
+                .and_then(|d| openapi::v3(d, &served, path)),
+            _ => match path.split('/').collect::<Vec<_>>().as_slice() {
+                ["", "apis", group] if strict => discovery::group(&served, group),
+                _ => discovery::resource_list(&served, path, &extra),
+            },
+        };
+        found
+            .map(|document| Answer::Object(200, document))
+            .ok_or_else(|| ApiError::not_found(path))
     }
 }
 
 enum Answer {
     Object(u16, Value),
+    /// An answer with `Warning` headers (unknown fields dropped).
+    Warned(u16, Value, Vec<String>),
     Watch(watch::WatchRequest),
 }
 
@@ -426,6 +662,8 @@ fn patch_kind(content_type: &str) -> Option<PatchKind> {
         Some(PatchKind::Merge)
     } else if content_type.starts_with("application/json-patch") {
         Some(PatchKind::Json)
+    } else if content_type.starts_with("application/strategic-merge-patch") {
+        Some(PatchKind::Strategic)
     } else {
         None
     }

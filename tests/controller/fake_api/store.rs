@@ -12,6 +12,8 @@ use std::ops::Bound;
 use serde_json::{Value, json};
 
 use super::address::Address;
+use super::admission;
+use super::discovery;
 use super::patch;
 use super::selector::Selector;
 
@@ -71,10 +73,12 @@ pub enum PatchKind {
     Merge,
     Json,
     Apply,
+    /// Applied by `strategic.rs` before the store sees it (`Store::patched`).
+    Strategic,
 }
 
-/// Resources served whether or not an object of theirs exists; others (a CRD's) are
-/// served once an object of theirs was stored, or they were installed.
+/// Without `strict`: resources served whether or not an object of theirs exists; others
+/// (a CRD's) are served once an object of theirs was stored, or they were installed.
 const BUILT_IN: &[&str] = &[
     "/api/v1",
     "/apis/apps/v1",
@@ -92,8 +96,16 @@ pub struct Store {
     pub version: u64,
     /// Versions up to this one were compacted away: a watch from them gets 410 Gone.
     pub compacted: u64,
+    /// Resources a test installed (`FakeApi::install`).
     installed: BTreeSet<(String, String)>,
+    /// Resources an object was stored of.
+    seen: BTreeSet<(String, String)>,
     uids: u64,
+    /// As a new cluster: only the built-in kinds of `discovery.rs` and what stored CRDs
+    /// define are served (and what a test installed), and an object of a namespace
+    /// that does not exist is refused. Otherwise any resource of the built-in groups is
+    /// served, and mailer.dev's without its CRD.
+    pub strict: bool,
 }
 
 impl Store {
@@ -108,19 +120,55 @@ impl Store {
     }
 
     pub fn serves(&self, prefix: &str, resource: &str) -> bool {
-        BUILT_IN.contains(&prefix)
-            || self
-                .installed
-                .contains(&(prefix.to_string(), resource.to_string()))
+        let key = (prefix.to_string(), resource.to_string());
+        if self.installed.contains(&key) {
+            return true;
+        }
+        if self.strict {
+            discovery::find(self, prefix, resource).is_some()
+        } else {
+            BUILT_IN.contains(&prefix) || self.seen.contains(&key)
+        }
     }
 
-    /// The resources served under `prefix`, for its discovery document.
+    /// The resources served under `prefix` that no definition describes (installed by
+    /// a test, or without `strict` stored), for its discovery document.
     pub fn resources_under(&self, prefix: &str) -> Vec<String> {
+        let seen = (!self.strict).then_some(&self.seen);
         self.installed
             .iter()
+            .chain(seen.into_iter().flatten())
             .filter(|(p, _)| p == prefix)
             .map(|(_, r)| r.clone())
             .collect()
+    }
+
+    /// Every object whose key starts with `prefix`.
+    pub fn objects_under(&self, prefix: &str) -> Vec<Value> {
+        self.objects
+            .range(prefix.to_string()..)
+            .take_while(|(key, _)| key.starts_with(prefix))
+            .map(|(_, object)| object.clone())
+            .collect()
+    }
+
+    /// With `strict`, an object of a namespace that does not exist is refused.
+    fn check_namespace(&self, address: &Address) -> Result<(), ApiError> {
+        match &address.namespace {
+            Some(namespace)
+                if self.strict
+                    && !self
+                        .objects
+                        .contains_key(&format!("/api/v1/namespaces/{namespace}")) =>
+            {
+                Err(ApiError::new(
+                    404,
+                    "NotFound",
+                    format!("namespaces {namespace:?} not found"),
+                ))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// One page of `collection`'s objects that `selector` selects, after the key
@@ -211,6 +259,7 @@ impl Store {
             },
         };
         let address = collection.with_name(&name);
+        self.check_namespace(&address)?;
         if self.objects.contains_key(&address.key()) {
             return Err(ApiError::new(
                 409,
@@ -241,6 +290,7 @@ impl Store {
     ) -> Result<Value, ApiError> {
         let Some(previous) = self.objects.get(&address.key()).cloned() else {
             if kind == PatchKind::Apply && address.subresource.is_none() {
+                self.check_namespace(address)?;
                 let mut body = body;
                 if address.has_status_subresource() {
                     strip(&mut body, "status");
@@ -257,7 +307,24 @@ impl Store {
             PatchKind::Merge | PatchKind::Apply => patch::merge(&mut patched, &body),
             PatchKind::Json => patch::json_patch(&mut patched, &body)
                 .map_err(|why| ApiError::new(422, "Invalid", why))?,
+            PatchKind::Strategic => {
+                return Err(ApiError::new(415, "UnsupportedMediaType", "strategic"));
+            }
         }
+        let next = self.split_status(address, &previous, patched);
+        self.commit(address, Some(previous), next)
+    }
+
+    /// A PATCH whose result `patched` was made elsewhere (a strategic merge patch):
+    /// `patch`'s resourceVersion, if any, must be the current one.
+    pub fn patched(
+        &mut self,
+        address: &Address,
+        patch: &Value,
+        patched: Value,
+    ) -> Result<Value, ApiError> {
+        let previous = self.existing(address)?;
+        check_version(&previous, patch)?;
         let next = self.split_status(address, &previous, patched);
         self.commit(address, Some(previous), next)
     }
@@ -339,6 +406,7 @@ impl Store {
             next["metadata"]["namespace"] = json!(namespace);
         }
         strip_meta(&mut next, "managedFields");
+        admission::admit(&address, previous.as_ref(), &mut next);
         match &previous {
             Some(previous) => {
                 for owned in [
@@ -385,7 +453,7 @@ impl Store {
                 }
             }
         }
-        self.installed
+        self.seen
             .insert((address.prefix.clone(), address.resource.clone()));
         let deleting = !next["metadata"]["deletionTimestamp"].is_null();
         if deleting && finalizers(&next).is_empty() {
@@ -448,7 +516,10 @@ impl Store {
 
 fn check_version(previous: &Value, body: &Value) -> Result<(), ApiError> {
     match body["metadata"]["resourceVersion"].as_str() {
-        Some(wanted) if Some(wanted) != previous["metadata"]["resourceVersion"].as_str() => {
+        Some(wanted)
+            if !wanted.is_empty()
+                && Some(wanted) != previous["metadata"]["resourceVersion"].as_str() =>
+        {
             Err(ApiError::new(
                 409,
                 "Conflict",

@@ -1,7 +1,9 @@
 //! Watches as kube-apiserver streams them: one JSON event per line, `ADDED`,
 //! `MODIFIED` and `DELETED` from the requested resourceVersion on (from the current
 //! objects when none or "0" is given), as they happen, until `timeoutSeconds`; a
-//! compacted resourceVersion gets an `ERROR` event with 410 Gone.
+//! compacted resourceVersion gets an `ERROR` event with 410 Gone. With
+//! `sendInitialEvents=true` (client-go's watch-list, as kubectl wait uses it) the current
+//! objects come first, then a BOOKMARK that marks their end.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -25,6 +27,12 @@ pub struct WatchRequest {
     pub since: Option<u64>,
     /// `Accept: …;as=PartialObjectMetadata`: objects reduced to their metadata.
     pub metadata_only: bool,
+    /// Events stored as events.k8s.io/v1, shown as core v1 (`events.rs`).
+    pub core_events: bool,
+    /// `sendInitialEvents=true` (client-go's watch-list): the current objects, then a
+    /// BOOKMARK of this (apiVersion, kind) marking the end of them
+    /// (`k8s.io/initial-events-end`).
+    pub initial_events_end: Option<(String, String)>,
     pub timeout: Duration,
 }
 
@@ -51,7 +59,13 @@ pub fn stream(
         Some(since) => (since, false),
         None => {
             for object in store.snapshot(&request.collection, &request.selector) {
-                lines.push_back(line(EventType::Added, object, request.metadata_only));
+                lines.push_back(line(EventType::Added, object, &request));
+            }
+            if let Some((api_version, kind)) = &request.initial_events_end {
+                lines.push_back(to_line(&json!({"type": "BOOKMARK", "object": {
+                    "apiVersion": api_version, "kind": kind,
+                    "metadata": {"resourceVersion": store.version.to_string(),
+                                 "annotations": {"k8s.io/initial-events-end": "true"}}}})));
             }
             (store.version, false)
         }
@@ -87,8 +101,7 @@ pub fn stream(
             });
             w.since = version;
             for (kind, object) in events {
-                w.lines
-                    .push_back(line(kind, object, w.request.metadata_only));
+                w.lines.push_back(line(kind, object, &w.request));
             }
             if !w.lines.is_empty() {
                 continue;
@@ -101,8 +114,13 @@ pub fn stream(
     })
 }
 
-fn line(kind: EventType, object: Value, metadata_only: bool) -> Bytes {
-    let object = if metadata_only {
+fn line(kind: EventType, object: Value, request: &WatchRequest) -> Bytes {
+    let object = if request.core_events {
+        super::events::to_core(&object)
+    } else {
+        object
+    };
+    let object = if request.metadata_only {
         metadata_of(&object)
     } else {
         object
