@@ -810,3 +810,32 @@ fn tempdir() -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+#[tokio::test]
+async fn policies_written_together_each_learn_their_own_outcome() {
+    let vhost = support::broker::TestVhost::created("together").await;
+    let management = std::sync::Arc::new(management());
+    let policy = |name: &str, definition: Value| mailer::topology::desired::Policy {
+        name: name.into(),
+        pattern: format!("^{name}$"),
+        definition: serde_json::from_value(definition).expect("a definition"),
+    };
+    let good = vec![policy("mailer.good", json!({"message-ttl": 1000}))];
+    // A value RabbitMQ refuses: the batch's one import fails as a whole.
+    let bad = vec![policy("mailer.bad", json!({"message-ttl": "never"}))];
+    let window = Duration::from_millis(500);
+    let (good_written, bad_written) = tokio::join!(
+        topology::together::put_policies_together(&management, &vhost.name, good, window),
+        topology::together::put_policies_together(&management, &vhost.name, bad, window),
+    );
+    good_written.expect("the good policy is written");
+    assert!(bad_written.is_err(), "{bad_written:?}");
+    let names: Vec<String> = raw_api()
+        .list_policies_in(&vhost.name)
+        .await
+        .expect("policies")
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    assert_eq!(names, ["mailer.good"]);
+}

@@ -6,7 +6,9 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 
 use crate::controller::reconcile::apply::SHARED_DEFINITIONS_MAX_AGE;
-use crate::controller::runtime::context::{DEFAULT_CONCURRENCY, QUEUE_DEPTH_INTERVAL};
+use crate::controller::runtime::context::{
+    DEFAULT_CONCURRENCY, POLICY_WINDOW, QUEUE_DEPTH_INTERVAL,
+};
 use crate::controller::{LeaderOptions, Options, Settings};
 
 /// Where the release images are published; the chart, `deploy/operator.yaml` and the
@@ -141,6 +143,7 @@ impl ControllerArgs {
                 queue_depth_interval: QUEUE_DEPTH_INTERVAL,
                 definitions_max_age: SHARED_DEFINITIONS_MAX_AGE,
                 cleanup_deadline: self.cleanup_deadline,
+                policy_window: POLICY_WINDOW,
             },
             metrics_addr: self.metrics_addr,
             leader,

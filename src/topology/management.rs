@@ -22,6 +22,7 @@ use super::desired::{Binding, ExchangeKind, POLICY_PRIORITY};
 use super::diff::Change;
 use super::ownership::SharedMarkers;
 use super::snapshot::SharedSnapshots;
+use super::together::PolicyBatches;
 use crate::amqp::address::AmqpAddress;
 use crate::redact::{MASK, credentials};
 
@@ -217,6 +218,9 @@ pub struct Management {
     pub(super) markers: Mutex<SharedMarkers>,
     /// Held while the markers are read for [`shared_markers`](Self::shared_markers).
     pub(super) markers_read: tokio::sync::Mutex<()>,
+    /// Policies of work running at once, gathered per vhost
+    /// ([`super::together::put_policies_together`]).
+    pub(super) policy_batches: PolicyBatches,
 }
 
 impl Management {
@@ -246,6 +250,7 @@ impl Management {
             snapshot_read: tokio::sync::Mutex::new(()),
             markers: Mutex::default(),
             markers_read: tokio::sync::Mutex::new(()),
+            policy_batches: PolicyBatches::default(),
         })
     }
 
@@ -278,6 +283,12 @@ impl Management {
     pub(super) fn count_write(&self) {
         self.writes.fetch_add(1, Ordering::Relaxed);
         let _ = TALLY.try_with(|tally| tally.writes.fetch_add(1, Ordering::Relaxed));
+    }
+
+    /// Counts `writes` made on behalf of the current work by another task (a batch of
+    /// policies written together), in the work's [`counted`] tally only.
+    pub(super) fn tally_writes(&self, writes: usize) {
+        let _ = TALLY.try_with(|tally| tally.writes.fetch_add(writes, Ordering::Relaxed));
     }
 
     /// Runs a reading request once fewer than [`MAX_IN_FLIGHT`] are under way.

@@ -17,6 +17,7 @@ pub mod observe;
 pub mod ownership;
 pub mod reconcile;
 pub mod snapshot;
+pub mod together;
 pub mod users;
 pub mod version;
 

@@ -23,6 +23,7 @@ use super::import::POLICY_IMPORT_FROM;
 use super::live::{LiveLoad, LiveQueues};
 use super::management::Management;
 use super::snapshot::{DEFINITIONS_FROM, Snapshot};
+use super::together;
 use super::{Topology, TopologyError};
 use crate::spec::DeletionPolicy;
 
@@ -195,19 +196,55 @@ pub async fn apply_all_declaring(
 /// only while nothing has been written there through this client for as long (a vhost
 /// being built is read by name), serve each of its pipelines instead of their objects by
 /// name, so a pipeline in sync costs no request of its own. A change in the vhost by
-/// someone else is found up to `max_age` later than by [`apply`].
+/// someone else is found up to `max_age` later than by [`apply`]. With a `policy_window`,
+/// the policies to write go together with those of the other work of this client for the
+/// same vhost within that window ([`super::together`]).
 pub async fn apply_shared(
-    management: &Management,
+    management: &Arc<Management>,
     topology: &Topology,
     max_age: Duration,
+    policy_window: Duration,
 ) -> Result<Vec<Change>, TopologyError> {
     let view = match management.shared_snapshot(&topology.vhost, max_age).await? {
         Some(snapshot) => VhostView::Definitions(snapshot),
         None => view_of(management, &topology.vhost, 1).await?,
     };
-    let plans = vec![plan_one(management, topology, Some(&view)).await?];
-    write_plans(management, None, std::slice::from_ref(topology), &plans).await?;
-    Ok(plans.into_iter().next().unwrap_or_default())
+    let plan = plan_one(management, topology, Some(&view)).await?;
+    if policy_window.is_zero() {
+        write_plans(
+            management,
+            None,
+            std::slice::from_ref(topology),
+            std::slice::from_ref(&plan),
+        )
+        .await?;
+        return Ok(plan);
+    }
+    // The vhost first, then the policies together, then the rest, as write_plans orders.
+    let (vhosts, rest): (Vec<&Change>, Vec<&Change>) = plan
+        .iter()
+        .partition(|change| matches!(change, Change::CreateVhost(_)));
+    let vhost = topology.vhost.as_str();
+    write_step(management, vhosts.into_iter().map(|c| (vhost, c)).collect()).await?;
+    let (policies, others): (Vec<&Change>, Vec<Change>) = {
+        let (policies, others): (Vec<&Change>, Vec<&Change>) = rest
+            .into_iter()
+            .partition(|change| matches!(change, Change::PutPolicy { .. }));
+        (policies, others.into_iter().cloned().collect())
+    };
+    let policy_list = policies
+        .iter()
+        .filter_map(|change| match change {
+            Change::PutPolicy { policy, .. } => Some(policy.clone()),
+            _ => None,
+        })
+        .collect();
+    together::put_policies_together(management, vhost, policy_list, policy_window).await?;
+    for change in &policies {
+        tracing::info!(vhost = %vhost, change = %change, "topology changed");
+    }
+    write_plans(management, None, std::slice::from_ref(topology), &[others]).await?;
+    Ok(plan)
 }
 
 /// Writes `plans`, each of the pipeline of the same index in `topologies`, in the steps

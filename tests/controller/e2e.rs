@@ -38,6 +38,7 @@ pub async fn end_to_end() {
             queue_depth_interval: Duration::from_secs(30),
             definitions_max_age: mailer::controller::reconcile::apply::SHARED_DEFINITIONS_MAX_AGE,
             cleanup_deadline: Duration::from_secs(600),
+            policy_window: mailer::controller::runtime::context::POLICY_WINDOW,
         },
         metrics_addr: "127.0.0.1:0".parse().unwrap(),
         leader: None,

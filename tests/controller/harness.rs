@@ -87,6 +87,7 @@ pub fn harness_on(fake: FakeApi, tune: impl FnOnce(&mut Settings)) -> Harness {
         // Each reconcile reads what it compares, so a test sees a change at once.
         definitions_max_age: Duration::ZERO,
         cleanup_deadline: CLEANUP_DEADLINE,
+        policy_window: mailer::controller::runtime::context::POLICY_WINDOW,
     };
     tune(&mut settings);
     operator_of(fake, settings)

@@ -201,3 +201,41 @@ async fn no_more_than_concurrency_reconciles_run_at_once() {
     .await;
     assert_eq!(h.fake.most_slowed_at_once(), usize::from(CONCURRENCY));
 }
+
+#[tokio::test]
+async fn the_policies_of_reconciles_running_at_once_go_out_in_one_import() {
+    const PIPELINES: usize = 6;
+    let vhost = TestVhost::fresh("controller-together");
+    let proxy = Proxy::start(&management_host(), Duration::ZERO).await;
+    let h = harness_tuned(|settings| {
+        // Long enough for every first reconcile to join the first one's batch.
+        settings.policy_window = Duration::from_secs(3);
+    });
+    connection_secret(&h, &proxy.url());
+    h.seed_secret("user", &[("username", "guest"), ("password", "guest")]);
+    for i in 0..PIPELINES {
+        h.seed_pipeline(&format!("p{i}"), spec(&vhost.name, i), true);
+    }
+    run_until(&h, reconciled(&h, PIPELINES)).await;
+    let writes: Vec<String> = proxy
+        .take()
+        .iter()
+        .filter(|r| r.is_write())
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    let imports = writes
+        .iter()
+        .filter(|w| **w == format!("POST definitions/{}", vhost.name))
+        .count();
+    let policy_puts = writes
+        .iter()
+        .filter(|w| w.starts_with(&format!("PUT policies/{}/", vhost.name)))
+        .count();
+    assert_eq!((imports, policy_puts), (1, 0), "{writes:#?}");
+    // Every pipeline's three policies are there.
+    let policies = crate::support::broker::raw_api()
+        .list_policies_in(&vhost.name)
+        .await
+        .expect("policies");
+    assert_eq!(policies.len(), 3 * PIPELINES);
+}

@@ -84,6 +84,7 @@ pub async fn apply(
         management,
         &desired.topology,
         ctx.settings.definitions_max_age,
+        ctx.settings.policy_window,
     )
     .await?;
 

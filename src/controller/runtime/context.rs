@@ -50,7 +50,16 @@ pub struct Settings {
     /// How long after a pipeline's `deletionTimestamp` a cleanup that failed for now
     /// (the broker unreachable) is retried before the finalizer goes anyway.
     pub cleanup_deadline: Duration,
+    /// How long the first reconcile with policies to write for a vhost waits for others
+    /// of the same broker and vhost, so their policies go in one import
+    /// ([`POLICY_WINDOW`]); zero: each writes its own.
+    pub policy_window: Duration,
 }
+
+/// How long the policies of reconciles running at once are gathered per vhost before
+/// they are written together: short beside a reconcile, long enough for the reconciles
+/// of a first pass (`--concurrency` of them at once) to join.
+pub const POLICY_WINDOW: Duration = Duration::from_millis(200);
 
 /// Reconciles running at once, per controller, unless `--concurrency` says otherwise.
 pub const DEFAULT_CONCURRENCY: u16 = 16;

@@ -1,0 +1,130 @@
+//! The policy writes of work running at once (the controller's reconciles of many
+//! pipelines), gathered per vhost and written together.
+//!
+//! RabbitMQ sets each policy it is given against every queue of the vhost, so policies
+//! written one by one by many reconciles cost more and more, while one definitions import
+//! of them all costs far less ([`super::import`]). So a reconcile that has policies to
+//! write for a vhost hands them to the vhost's open batch and waits: the first to open a
+//! batch waits a short window for others to join, then the batch is written at once, in
+//! one import (in parts), by a task of its own, which a reconcile that stops waiting does
+//! not cancel. Each reconcile learns the outcome of its own policies: when the import
+//! fails as a whole (or this user may not import), each submission's policies are PUT
+//! one by one, so one bad policy does not fail the others.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::future::join_all;
+use tokio::sync::oneshot;
+
+use super::TopologyError;
+use super::desired::Policy;
+use super::diff::Change;
+use super::management::Management;
+
+/// One reconcile's policies in a batch, and where its outcome goes.
+struct Submission {
+    policies: Vec<Policy>,
+    done: oneshot::Sender<Result<(), TopologyError>>,
+}
+
+/// The open batch of each vhost of a client.
+#[derive(Default)]
+pub(super) struct PolicyBatches {
+    open: Mutex<HashMap<String, Vec<Submission>>>,
+}
+
+impl PolicyBatches {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Submission>>> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Writes `policies` into `vhost` together with those other work of `management`
+/// submits for the same vhost within `window` of the first; returns once they are
+/// written, with the outcome of these alone.
+pub async fn put_policies_together(
+    management: &Arc<Management>,
+    vhost: &str,
+    policies: Vec<Policy>,
+    window: Duration,
+) -> Result<(), TopologyError> {
+    if policies.is_empty() {
+        return Ok(());
+    }
+    let count = policies.len();
+    let (done, outcome) = oneshot::channel();
+    let submission = Submission { policies, done };
+    let opened = {
+        let mut open = management.policy_batches.lock();
+        match open.get_mut(vhost) {
+            Some(batch) => {
+                batch.push(submission);
+                false
+            }
+            None => {
+                open.insert(vhost.to_string(), vec![submission]);
+                true
+            }
+        }
+    };
+    if opened {
+        let management = management.clone();
+        let vhost = vhost.to_string();
+        tokio::spawn(async move {
+            tokio::time::sleep(window).await;
+            let batch = management
+                .policy_batches
+                .lock()
+                .remove(&vhost)
+                .unwrap_or_default();
+            write_batch(&management, &vhost, batch).await;
+        });
+    }
+    let written = outcome.await.unwrap_or_else(|_| {
+        Err(TopologyError::Refused {
+            action: format!("write {count} policies into vhost {vhost:?}"),
+            status: 0,
+            reason: "the batch that held them ended before writing them".into(),
+        })
+    });
+    if written.is_ok() {
+        // Written by the batch's task: counted for the work that asked for them.
+        management.tally_writes(count);
+    }
+    written
+}
+
+async fn write_batch(management: &Management, vhost: &str, batch: Vec<Submission>) {
+    let all: Vec<&Policy> = batch.iter().flat_map(|s| s.policies.iter()).collect();
+    let imported = match management.import_policies(vhost, &all).await {
+        Ok(imported) => imported,
+        Err(e) => {
+            tracing::warn!(vhost, policies = all.len(), error = %e, "importing the policies failed; writing them one by one");
+            false
+        }
+    };
+    if imported {
+        for submission in batch {
+            let _ = submission.done.send(Ok(()));
+        }
+        return;
+    }
+    // Each submission's policies one by one, each submission told its own outcome.
+    join_all(batch.into_iter().map(|submission| async move {
+        let written = async {
+            for policy in &submission.policies {
+                let change = Change::PutPolicy {
+                    policy: policy.clone(),
+                    previous: None,
+                };
+                management.write(vhost, &change).await?;
+            }
+            Ok(())
+        }
+        .await;
+        let _ = submission.done.send(written);
+    }))
+    .await;
+}
