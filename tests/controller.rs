@@ -38,12 +38,18 @@ mod harness;
 mod hostile;
 #[path = "controller/leadership.rs"]
 mod leadership;
+#[path = "controller/mailserver.rs"]
+mod mailserver;
 #[path = "topology/many.rs"]
 pub mod many;
+#[path = "controller/operator_pod.rs"]
+mod operator_pod;
 #[path = "controller/ownership.rs"]
 mod ownership;
 #[path = "controller/phases.rs"]
 mod phases;
+#[path = "controller/postfix.rs"]
+mod postfix;
 #[path = "controller/process.rs"]
 mod process;
 #[path = "controller/provider_ca.rs"]

@@ -9,11 +9,15 @@ use std::process::{Child, Command, Stdio};
 use serde_json::Value;
 
 use super::harness::Harness;
+use super::support::process::free_port;
 use super::support::smtp::TempDir;
 
 /// The worker process, killed when dropped, and its projected volumes.
 pub struct WorkerPod {
     child: Child,
+    /// The port of 127.0.0.1 that stands for the pod's port 8080 (`/metrics`, `/livez`,
+    /// `/readyz`).
+    pub http_port: u16,
     _volumes: Vec<TempDir>,
 }
 
@@ -50,14 +54,17 @@ pub fn start(h: &Harness, deployment_path: &str) -> WorkerPod {
         };
         command.env(name, value);
     }
-    // The pod's own address, 0.0.0.0:8080, may be taken on a shared test machine.
+    // The pod's own address, 0.0.0.0:8080, may be taken on a shared test machine: a
+    // free port of 127.0.0.1 stands for it.
+    let http_port = free_port();
     command
-        .env("MAIL_HTTP_ADDR", "127.0.0.1:0")
+        .env("MAIL_HTTP_ADDR", format!("127.0.0.1:{http_port}"))
         .env("RUST_LOG", "error")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     WorkerPod {
         child: command.spawn().expect("start mailer worker"),
+        http_port,
         _volumes: volumes,
     }
 }
