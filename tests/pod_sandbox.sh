@@ -49,6 +49,10 @@ ro)
     fstype=${fstype%% *}
     case $point in /proc | /proc/* | /sys | /sys/* | /dev | /dev/*) continue ;; esac
     case $fstype in proc | sysfs | cgroup | cgroup2) continue ;; esac
+    # A mount under the /run or /home the tmpfs above now covers (a network namespace's
+    # under /run/netns, say) is out of reach, and out of the container's sight.
+    case $point in /run/secrets/*) ;; /run/* | /home/*) continue ;; esac
+    [ -e "$point" ] || continue
     mount -o remount,bind,ro "$point"
   done </proc/self/mountinfo
   # Even root cannot write now; the pod's user far less.

@@ -104,7 +104,8 @@ async fn two_controllers_claiming_at_once_end_with_exactly_one_owner() {
         let _users = UserCleanup(users.to_vec());
         // Writes take their time, so both claims read before either writes.
         let proxy = Proxy::start(&management_host(), Duration::from_millis(300)).await;
-        for (h, uid) in [(&east, "uid-east"), (&west, "uid-west")] {
+        let uids = [unique("uid-east"), unique("uid-west")];
+        for (h, uid) in [(&east, &uids[0]), (&west, &uids[1])] {
             connection_secret(h, &proxy.url());
             h.fake.put(
                 &pipeline_path(&name),
@@ -291,7 +292,7 @@ async fn a_topology_an_earlier_release_marked_whole_is_taken_over_object_by_obje
         cluster: "default".into(),
         namespace: NS.into(),
         name: name.clone(),
-        uid: format!("uid-{name}"),
+        uid: h.pipeline(&name).metadata.uid.expect("a uid"),
         retained: false,
     };
     management()

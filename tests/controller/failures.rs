@@ -114,7 +114,10 @@ async fn a_missing_secret_key_is_reported_once_and_waits_for_a_change() {
     let policy = error_policy(Arc::new(h.pipeline("shop")), &error, h.ctx.clone());
     assert_eq!(
         policy,
-        Action::requeue(jittered(RESYNC, "uid-shop")),
+        Action::requeue(jittered(
+            RESYNC,
+            &h.pipeline("shop").metadata.uid.expect("a uid")
+        )),
         "a spec that cannot work waits until its resync"
     );
 

@@ -117,9 +117,11 @@ impl Harness {
         operator_of(self.fake.clone(), self.ctx.settings.clone())
     }
 
+    /// Stores pipeline `name` with `spec`. Its uid is unique to this run (`uid-<name>-…`),
+    /// as an API server's are: the owner markers in the shared broker are keyed by it.
     pub fn seed_pipeline(&self, name: &str, spec: Value, finalized: bool) {
-        let mut metadata =
-            json!({"name": name, "namespace": NS, "uid": format!("uid-{name}"), "generation": 1});
+        let uid = super::broker::unique(&format!("uid-{name}"));
+        let mut metadata = json!({"name": name, "namespace": NS, "uid": uid, "generation": 1});
         if finalized {
             metadata["finalizers"] = json!([FINALIZER]);
         }

@@ -89,7 +89,10 @@ async fn of_two_pipelines_on_one_queue_in_a_namespace_the_newer_is_refused_befor
     assert_eq!(owner["name"], older.as_str());
     assert_eq!(owner["namespace"], NS);
     assert_eq!(owner["cluster"], "default");
-    assert_eq!(owner["uid"], format!("uid-{older}").as_str());
+    assert_eq!(
+        owner["uid"].as_str(),
+        h.pipeline(&older).metadata.uid.as_deref()
+    );
     let (result, _) = h.reconcile(&newer).await;
     assert_refused(&result, &[&older]);
 
@@ -131,7 +134,7 @@ async fn a_pipeline_of_another_namespace_on_the_same_queue_is_refused_naming_the
     h.fake.put(
         &staging,
         json!({"apiVersion": "mailer.dev/v1alpha1", "kind": "MailerPipeline",
-               "metadata": {"name": name, "namespace": "staging", "uid": "uid-staging", "finalizers": [FINALIZER]},
+               "metadata": {"name": name, "namespace": "staging", "uid": unique("uid-staging"), "finalizers": [FINALIZER]},
                "spec": spec(&test_vhost.name)}),
     );
     let pipeline = serde_json::from_value(h.fake.get(&staging).unwrap()).unwrap();
@@ -167,7 +170,7 @@ async fn clusters_sharing_a_broker_keep_their_own_users_and_the_second_is_refuse
     west.fake.put(
         &pipeline_path(&name),
         json!({"apiVersion": "mailer.dev/v1alpha1", "kind": "MailerPipeline",
-               "metadata": {"name": name, "namespace": NS, "uid": "uid-west", "finalizers": [FINALIZER]},
+               "metadata": {"name": name, "namespace": NS, "uid": unique("uid-west"), "finalizers": [FINALIZER]},
                "spec": spec(&test_vhost.name)}),
     );
 

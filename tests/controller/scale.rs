@@ -120,7 +120,12 @@ async fn after_a_restart_pipelines_in_sync_cost_a_constant_and_write_nothing() {
 
     let requests = h.fake.take_requests();
     assert_listed_in_rbac(&requests);
-    assert_eq!(writes(&requests), Vec::<String>::new(), "no write");
+    assert_eq!(
+        writes(&requests),
+        Vec::<String>::new(),
+        "no write: {:?}",
+        events(&requests)
+    );
     // Besides the watches and the lists they begin with, and discovery: one GET per
     // Secret the pipeline names, and nothing of what it owns.
     let reads: Vec<String> = requests
