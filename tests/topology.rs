@@ -18,7 +18,7 @@ use lapin::BasicProperties;
 use lapin::options::{BasicAckOptions, BasicNackOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use mailer::spec::{DeletionPolicy, MailerPipelineSpec};
-use mailer::topology::reconcile::EmptinessCheck;
+use mailer::topology::EmptinessCheck;
 use mailer::topology::{self, BrokerCapabilities, Removed, Topology, TopologyError};
 use rabbitmq_http_client::commons::BindingDestinationType;
 use serde_json::{Value, json};

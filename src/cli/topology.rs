@@ -5,7 +5,7 @@ use anyhow::Result;
 use crate::amqp::address::with_vhost;
 use crate::manifest::{self, display_name};
 use crate::spec::{DeletionPolicy, MailerPipeline};
-use crate::topology::reconcile::EmptinessCheck;
+use crate::topology::EmptinessCheck;
 use crate::topology::{self, AmqpDeclarer, Management, ManagementEndpoint, Topology};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

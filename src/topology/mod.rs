@@ -1,12 +1,15 @@
 //! The RabbitMQ side of a pipeline: the desired objects as a pure function of the spec
 //! and the broker's capabilities ([`desired`], [`broker`]), what the broker has of them
-//! ([`observe`]), the comparison of the two ([`diff`]), and applying or deleting through
-//! the management API ([`reconcile`]), one pipeline or a pass over many; a first apply
-//! of many may declare exchanges, queues and bindings over AMQP instead ([`declare`]).
+//! ([`observe`]), the comparison of the two ([`diff`]), and applying ([`apply`]) or
+//! deleting ([`delete`]) through the management API, one pipeline or a pass over many;
+//! a first apply of many may declare exchanges, queues and bindings over AMQP instead
+//! ([`declare`]). What a pipeline owns there is in [`ownership`].
 
+pub mod apply;
 pub mod broker;
 pub mod claim_lock;
 pub mod declare;
+pub mod delete;
 pub mod desired;
 pub mod diff;
 pub mod effective;
@@ -15,24 +18,21 @@ pub mod live;
 pub mod management;
 pub mod observe;
 pub mod ownership;
-pub mod reconcile;
 pub mod snapshot;
 pub mod together;
 pub mod users;
 pub mod version;
 
+pub use apply::{apply, apply_all, apply_all_declaring, apply_shared, plan, plan_all};
 pub use broker::BrokerCapabilities;
 pub use declare::AmqpDeclarer;
+pub use delete::{DeleteReport, EmptinessCheck, Kept, Removal, Removed, delete, delete_named};
 pub use desired::Topology;
 pub use diff::{Change, Conflict};
 pub use management::{
     Clients, MAX_IN_FLIGHT, Management, ManagementEndpoint, QueueDepth, Requests, counted,
 };
 pub use observe::READS_PER_PIPELINE;
-pub use reconcile::{
-    DeleteReport, EmptinessCheck, Kept, Removal, Removed, apply, apply_all, apply_all_declaring,
-    apply_shared, delete, delete_named, plan, plan_all,
-};
 pub use snapshot::DEFINITIONS_FROM;
 pub use users::{Permissions, UserChange, UserGrant};
 
