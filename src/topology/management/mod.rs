@@ -1,10 +1,15 @@
 //! RabbitMQ's management HTTP API, through `rabbitmq_http_client`: one pooled client per
 //! broker endpoint, with a bound on the requests it has in flight, making one change at a
 //! time with errors a user can act on. Reading a pipeline's objects is in
-//! [`observe`](super::observe).
+//! [`observe`](super::observe); where the API is and who to be there is [`endpoint`], and
+//! how its failures read is [`errors`].
+
+mod endpoint;
+mod errors;
+
+pub use endpoint::ManagementEndpoint;
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -14,7 +19,6 @@ use rabbitmq_http_client::commons::{BindingDestinationType, ExchangeType, Policy
 use rabbitmq_http_client::requests::{
     BindingDeletionParams, ExchangeParams, PolicyParams, QueueParams, VirtualHostParams,
 };
-use url::Url;
 
 use super::TopologyError;
 use super::broker::BrokerCapabilities;
@@ -23,8 +27,6 @@ use super::diff::Change;
 use super::ownership::SharedMarkers;
 use super::snapshot::SharedSnapshots;
 use super::together::PolicyBatches;
-use crate::amqp::address::AmqpAddress;
-use crate::redact::{MASK, credentials};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -64,112 +66,6 @@ pub async fn counted<F: Future>(work: F) -> (F::Output, Requests) {
         writes: tally.writes.load(Ordering::Relaxed),
     };
     (output, requests)
-}
-
-/// Where the management API is and who to be there.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct ManagementEndpoint {
-    /// The API's base, e.g. `http://localhost:15672/api`, without credentials.
-    api: Url,
-    pub username: String,
-    password: String,
-}
-
-impl ManagementEndpoint {
-    /// From a URL like `http://user:password@host:15672`; `/api` is added when the path
-    /// does not already end with it.
-    pub fn parse(url: &str) -> Result<Self, TopologyError> {
-        let parsed = Self::parse_base(url)?;
-        let (username, password) = credentials(&parsed);
-        if username.is_empty() {
-            return Err(TopologyError::BadEndpoint(format!(
-                "the management URL {} has no user name; write it as http://USER:PASSWORD@HOST:15672",
-                crate::redact::redact_url(url)
-            )));
-        }
-        Self::with_credentials(url, &username, &password)
-    }
-
-    /// From a URL and separately kept credentials (e.g. the keys of a Secret); any
-    /// credentials in the URL itself are ignored.
-    pub fn with_credentials(
-        url: &str,
-        username: &str,
-        password: &str,
-    ) -> Result<Self, TopologyError> {
-        let mut api = Self::parse_base(url)?;
-        let _ = api.set_username("");
-        let _ = api.set_password(None);
-        if !api.path().trim_end_matches('/').ends_with("/api") {
-            let path = format!("{}/api", api.path().trim_end_matches('/'));
-            api.set_path(&path);
-        }
-        let path = api.path().trim_end_matches('/').to_string();
-        api.set_path(&path);
-        Ok(Self {
-            api,
-            username: username.to_string(),
-            password: password.to_string(),
-        })
-    }
-
-    fn parse_base(url: &str) -> Result<Url, TopologyError> {
-        let parsed = Url::parse(url).map_err(|e| {
-            TopologyError::BadEndpoint(format!(
-                "{} is not a management URL ({e}); write it as http://USER:PASSWORD@HOST:15672",
-                crate::redact::redact_url(url)
-            ))
-        })?;
-        if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
-            return Err(TopologyError::BadEndpoint(format!(
-                "{} is not a management URL: it must start with http:// or https:// and name a host",
-                crate::redact::redact_url(url)
-            )));
-        }
-        Ok(parsed)
-    }
-
-    /// The host the API runs on, to find the broker's AMQP listener on.
-    pub fn host(&self) -> &str {
-        self.api.host_str().unwrap_or("localhost")
-    }
-
-    pub fn password(&self) -> &str {
-        &self.password
-    }
-
-    /// Where the broker behind this API takes AMQP connections, when nothing says
-    /// otherwise: the same host on AMQP's standard port (5671 with TLS when the API is
-    /// served over https).
-    pub fn amqp_address(&self) -> AmqpAddress {
-        AmqpAddress::standard(self.host(), self.is_tls())
-    }
-
-    /// The AMQP URL of `vhost` on the broker behind this API, with its credentials.
-    pub fn amqp_url(&self, vhost: &str) -> String {
-        self.amqp_address()
-            .url(&self.username, self.password(), vhost)
-    }
-
-    pub fn is_tls(&self) -> bool {
-        self.api.scheme() == "https"
-    }
-}
-
-impl fmt::Display for ManagementEndpoint {
-    /// The URL with the user name and a masked password.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut shown = self.api.clone();
-        let _ = shown.set_username(&self.username);
-        let _ = shown.set_password(Some(MASK));
-        write!(f, "{shown}")
-    }
-}
-
-impl fmt::Debug for ManagementEndpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ManagementEndpoint({self})")
-    }
 }
 
 /// Clients of management APIs, one per endpoint and user, each made at its first use and
@@ -236,7 +132,7 @@ impl Management {
             http.clone(),
             endpoint.api.to_string(),
             endpoint.username.clone(),
-            endpoint.password.clone(),
+            endpoint.password().to_string(),
         );
         Ok(Self {
             api,
@@ -329,7 +225,7 @@ impl Management {
                 let response = self
                     .http
                     .get(url)
-                    .basic_auth(&self.endpoint.username, Some(&self.endpoint.password))
+                    .basic_auth(&self.endpoint.username, Some(self.endpoint.password()))
                     .send()
                     .await?;
                 let status = response.status();
@@ -380,7 +276,7 @@ impl Management {
                 let response = self
                     .http
                     .put(url)
-                    .basic_auth(&self.endpoint.username, Some(&self.endpoint.password))
+                    .basic_auth(&self.endpoint.username, Some(self.endpoint.password()))
                     .header(reqwest::header::CONTENT_TYPE, "application/json")
                     .body(body.to_string())
                     .send()
@@ -548,87 +444,9 @@ pub struct QueueDepth {
     pub consumers: u32,
 }
 
-impl TopologyError {
-    /// A request that got no answer.
-    fn unreachable(endpoint: &ManagementEndpoint, error: &reqwest::Error) -> Self {
-        let reason = if error.is_timeout() {
-            "it did not answer in time".to_string()
-        } else if error.is_connect() {
-            "the connection was refused or failed".to_string()
-        } else {
-            error.to_string()
-        };
-        TopologyError::Unreachable {
-            endpoint: endpoint.to_string(),
-            reason,
-        }
-    }
-
-    fn from_http(endpoint: &ManagementEndpoint, action: &str, e: HttpClientError) -> Self {
-        match e {
-            HttpClientError::RequestError { error, .. } => Self::unreachable(endpoint, &error),
-            HttpClientError::ClientErrorResponse { status_code, .. }
-                if status_code.as_u16() == 401 =>
-            {
-                TopologyError::Unauthorized {
-                    endpoint: endpoint.to_string(),
-                    user: endpoint.username.clone(),
-                }
-            }
-            HttpClientError::ClientErrorResponse { status_code, .. }
-                if status_code.as_u16() == 403 =>
-            {
-                TopologyError::Forbidden {
-                    endpoint: endpoint.to_string(),
-                    user: endpoint.username.clone(),
-                    action: action.to_string(),
-                }
-            }
-            HttpClientError::ClientErrorResponse {
-                status_code,
-                error_details,
-                body,
-                ..
-            }
-            | HttpClientError::ServerErrorResponse {
-                status_code,
-                error_details,
-                body,
-                ..
-            } => {
-                let reason = error_details
-                    .as_ref()
-                    .and_then(|d| d.reason().map(str::to_string))
-                    .or(body)
-                    .unwrap_or_default();
-                TopologyError::Refused {
-                    action: action.to_string(),
-                    status: status_code.as_u16(),
-                    reason,
-                }
-            }
-            other => TopologyError::Refused {
-                action: action.to_string(),
-                status: 0,
-                reason: other.to_string(),
-            },
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_endpoint_keeps_credentials_out_of_its_url_and_its_display() {
-        let e = ManagementEndpoint::parse("http://guest:s3cret@localhost:15672").unwrap();
-        assert_eq!(e.api.as_str(), "http://localhost:15672/api");
-        assert_eq!(e.username, "guest");
-        assert_eq!(e.password(), "s3cret");
-        assert_eq!(e.to_string(), "http://guest:***@localhost:15672/api");
-        assert!(!format!("{e:?}").contains("s3cret"));
-    }
 
     #[test]
     fn one_client_is_shared_per_endpoint_and_user() {
@@ -640,39 +458,5 @@ mod tests {
         assert!(Arc::ptr_eq(&a, &again));
         assert!(!Arc::ptr_eq(&a, &other_user));
         assert!(!Arc::ptr_eq(&a, &other_host));
-    }
-
-    #[test]
-    fn the_amqp_url_follows_the_management_endpoint() {
-        let e = ManagementEndpoint::parse("http://gu%40st:p%2Fw@rabbit:15672").unwrap();
-        assert_eq!(e.amqp_url("/"), "amqp://gu%40st:p%2Fw@rabbit:5672/%2F");
-        let e = ManagementEndpoint::with_credentials("https://rabbit", "u", "p").unwrap();
-        assert_eq!(e.amqp_url("shop"), "amqps://u:p@rabbit:5671/shop");
-    }
-
-    #[test]
-    fn an_api_path_is_kept() {
-        let e = ManagementEndpoint::with_credentials("https://rmq.example/rabbit/api/", "u", "p")
-            .unwrap();
-        assert_eq!(e.api.as_str(), "https://rmq.example/rabbit/api");
-        assert!(e.is_tls());
-    }
-
-    #[test]
-    fn bad_endpoints_say_what_to_write_without_the_password() {
-        for url in [
-            "localhost:15672",
-            "amqp://u:hunter2@h:5672",
-            "http://localhost:15672",
-            "http://u:hunter2@[::1",
-        ] {
-            let err = ManagementEndpoint::parse(url).unwrap_err().to_string();
-            assert!(
-                err.contains("http://USER:PASSWORD@HOST:15672")
-                    || err.contains("must start with http"),
-                "{err}"
-            );
-            assert!(!err.contains("hunter2"), "{err}");
-        }
     }
 }
