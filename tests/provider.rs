@@ -5,6 +5,8 @@
 
 pub mod support;
 
+#[path = "provider/reach.rs"]
+mod reach;
 #[path = "provider/tls.rs"]
 mod tls;
 

@@ -12,6 +12,7 @@ accepts connections. It answers each RCPT by the local part of the address:
     anything+450@...  ->  450 4.2.0 mailbox busy
     anything+550@...  ->  550 5.1.1 no such user
     anything+421@...  ->  421 4.3.2 shutting down
+    anything+slow@... ->  250 OK, half a second late
     anything else     ->  250 OK
 
 and each MAIL FROM by the sender's local part: +530 -> 530 5.7.0 authentication
@@ -25,6 +26,7 @@ session, appends a line to MAIL_DIR/sessions.log, so tests can count connections
 Exits on SIGTERM or SIGINT.
 """
 
+import asyncio
 import itertools
 import os
 import signal
@@ -73,6 +75,8 @@ class Handler:
             return "450 4.2.0 mailbox busy"
         if local_part.endswith("+550"):
             return "550 5.1.1 no such user"
+        if local_part.endswith("+slow"):
+            await asyncio.sleep(0.5)
         envelope.rcpt_tos.append(address)
         return "250 OK"
 

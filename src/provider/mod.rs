@@ -18,7 +18,9 @@ pub mod file;
 pub mod smtp;
 
 use std::fmt;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 
@@ -35,6 +37,25 @@ pub trait Provider: Send + Sync + fmt::Display + fmt::Debug {
     /// renders it ([`Mail::render`]) once, when it is about to send it, so a provider that
     /// fails first (or sends nothing) never pays for it.
     fn send(&self, mail: Mail) -> BoxFuture<'_, Result<(), SendError>>;
+
+    /// [`send`](Self::send) within `limit`: the sending itself, from the moment the
+    /// provider starts on it. A wait for the provider's turn (a provider that makes at most
+    /// [`concurrency`](Self::concurrency) sends at once, such as a free connection of an
+    /// SMTP pool) comes first and is not counted. Past `limit` the send failed for now,
+    /// class [`ErrorClass::Timeout`].
+    fn send_within(&self, mail: Mail, limit: Duration) -> BoxFuture<'_, Result<(), SendError>> {
+        Box::pin(async move {
+            tokio::time::timeout(limit, self.send(mail))
+                .await
+                .unwrap_or_else(|_| Err(SendError::past_deadline(self, limit)))
+        })
+    }
+
+    /// How many sends the provider makes at once; more wait for their turn. `None` when it
+    /// sets no bound of its own.
+    fn concurrency(&self) -> Option<NonZeroUsize> {
+        None
+    }
 }
 
 /// Whether a send that failed may succeed when tried again.
@@ -135,6 +156,18 @@ impl SendError {
             class,
             message: message.into(),
         }
+    }
+
+    /// A send that did not end within `limit` (the worker's `MAIL_SEND_TIMEOUT`): failed
+    /// for now, class [`ErrorClass::Timeout`].
+    pub fn past_deadline(provider: &(impl fmt::Display + ?Sized), limit: Duration) -> Self {
+        Self::for_now(
+            ErrorClass::Timeout,
+            format!(
+                "{provider}: the send took longer than {} (MAIL_SEND_TIMEOUT)",
+                humantime::format_duration(limit)
+            ),
+        )
     }
 
     pub fn failure(&self) -> Failure {

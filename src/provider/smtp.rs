@@ -14,6 +14,7 @@ mod settings;
 
 use std::fmt;
 use std::future::Future;
+use std::num::NonZeroUsize;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -121,10 +122,24 @@ impl SmtpProvider {
         &self.settings
     }
 
-    async fn send_mail(&self, mail: Mail) -> Result<(), SendError> {
+    /// Sends one mail on a connection of the pool, within `limit` once it has one: the
+    /// wait for a free connection (all `connections` busy) is not part of the send's
+    /// deadline, so a slow server makes queued sends wait their turn rather than time out
+    /// before they ever connect.
+    async fn send_mail(&self, mail: Mail, limit: Option<Duration>) -> Result<(), SendError> {
         let _permit = self.permits.acquire().await.map_err(|_| {
             SendError::for_now(ErrorClass::Io, format!("{self}: the provider is shut down"))
         })?;
+        let sending = self.send_on_connection(mail);
+        let Some(limit) = limit else {
+            return sending.await;
+        };
+        let sent = tokio::time::timeout(limit, sending).await;
+        sent.unwrap_or_else(|_| Err(SendError::past_deadline(self, limit)))
+    }
+
+    /// [`send_mail`](Self::send_mail) once it holds a permit.
+    async fn send_on_connection(&self, mail: Mail) -> Result<(), SendError> {
         let (mut pooled, reused) = match self.take_idle() {
             Some(pooled) => (pooled, true),
             None => (self.connect().await?, false),
@@ -436,7 +451,15 @@ impl fmt::Debug for SmtpProvider {
 
 impl Provider for SmtpProvider {
     fn send(&self, mail: Mail) -> BoxFuture<'_, Result<(), SendError>> {
-        Box::pin(self.send_mail(mail))
+        Box::pin(self.send_mail(mail, None))
+    }
+
+    fn send_within(&self, mail: Mail, limit: Duration) -> BoxFuture<'_, Result<(), SendError>> {
+        Box::pin(self.send_mail(mail, Some(limit)))
+    }
+
+    fn concurrency(&self) -> Option<NonZeroUsize> {
+        NonZeroUsize::new(self.settings.connections)
     }
 }
 

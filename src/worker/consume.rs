@@ -26,7 +26,7 @@ use lapin::options::BasicCancelOptions;
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
-use super::config::Timeouts;
+use super::config::{Timeouts, send_turns};
 use super::delivery::{SettleError, Shared, handle};
 use super::error::WorkerError;
 use super::links::{self, Events, LinkEvent, Links, Plan};
@@ -219,7 +219,8 @@ impl Worker {
             tasks: JoinSet::new(),
             started: HashMap::new(),
         };
-        let bound = self.timeouts.longest_delivery();
+        let turns = send_turns(self.prefetch, self.provider.concurrency());
+        let bound = self.timeouts.longest_delivery(turns);
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
         let stop = loop {
             // A delivery older than any it could take means the loop no longer makes

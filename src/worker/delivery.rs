@@ -22,7 +22,7 @@ use super::outcome::{Attempted, Outcome, decide};
 use super::park::Publisher;
 use crate::amqp::PublishError;
 use crate::message::{read_request, unique_id};
-use crate::provider::{ErrorClass, Provider};
+use crate::provider::Provider;
 
 /// State shared by every delivery's task.
 pub struct Shared {
@@ -30,7 +30,8 @@ pub struct Shared {
     pub publisher: Publisher,
     pub max_attempts: u32,
     pub metrics: Arc<WorkerMetrics>,
-    /// The deadline of one send, the whole SMTP transaction.
+    /// The deadline of one send, the whole SMTP transaction (not the wait for a free
+    /// connection: [`Provider::send_within`]).
     pub send_timeout: Duration,
     /// The deadline of an ack or a reject.
     pub settle_timeout: Duration,
@@ -151,11 +152,11 @@ async fn attempt(
         }
     };
     let started = Instant::now();
-    let sent = tokio::time::timeout(shared.send_timeout, shared.provider.send(mail)).await;
+    let sent = shared.provider.send_within(mail, shared.send_timeout).await;
     shared.metrics.send_took(started.elapsed().as_secs_f64());
     match sent {
-        Ok(Ok(())) => Attempted::Sent,
-        Ok(Err(e)) => {
+        Ok(()) => Attempted::Sent,
+        Err(e) => {
             shared.metrics.provider_error(e.class().as_str());
             let error = e.to_string();
             if e.is_for_good() {
@@ -163,15 +164,6 @@ async fn attempt(
             } else {
                 Attempted::FailedForNow { attempt, error }
             }
-        }
-        Err(_) => {
-            shared.metrics.provider_error(ErrorClass::Timeout.as_str());
-            let error = format!(
-                "{}: the send took longer than {} (MAIL_SEND_TIMEOUT)",
-                shared.provider,
-                humantime::format_duration(shared.send_timeout)
-            );
-            Attempted::FailedForNow { attempt, error }
         }
     }
 }
