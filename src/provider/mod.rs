@@ -20,7 +20,7 @@ pub mod smtp;
 use std::fmt;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 
@@ -54,6 +54,14 @@ pub trait Provider: Send + Sync + fmt::Display + fmt::Debug {
     /// How many sends the provider makes at once; more wait for their turn. `None` when it
     /// sets no bound of its own.
     fn concurrency(&self) -> Option<NonZeroUsize> {
+        None
+    }
+
+    /// While the provider cannot be reached (connecting to it keeps failing), when it
+    /// tries again: until then a send fails for now at once, without reaching it. A time
+    /// that has passed means the pause is over and the next send tries (and so probes the
+    /// provider); `None` while it is not paused.
+    fn paused_until(&self) -> Option<Instant> {
         None
     }
 }
@@ -137,6 +145,8 @@ pub struct SendError {
     failure: Failure,
     class: ErrorClass,
     message: String,
+    /// Whether the send reached the provider: see [`SendError::reached`].
+    reached: bool,
 }
 
 impl SendError {
@@ -146,6 +156,7 @@ impl SendError {
             failure: Failure::ForNow,
             class,
             message: message.into(),
+            reached: true,
         }
     }
 
@@ -155,11 +166,13 @@ impl SendError {
             failure: Failure::ForGood,
             class,
             message: message.into(),
+            reached: true,
         }
     }
 
     /// A send that did not end within `limit` (the worker's `MAIL_SEND_TIMEOUT`): failed
-    /// for now, class [`ErrorClass::Timeout`].
+    /// for now, class [`ErrorClass::Timeout`]; it reached the provider unless said
+    /// otherwise ([`not_reached`](Self::not_reached)).
     pub fn past_deadline(provider: &(impl fmt::Display + ?Sized), limit: Duration) -> Self {
         Self::for_now(
             ErrorClass::Timeout,
@@ -168,6 +181,12 @@ impl SendError {
                 humantime::format_duration(limit)
             ),
         )
+    }
+
+    /// The same failure, of a send that never reached the provider.
+    pub fn not_reached(mut self) -> Self {
+        self.reached = false;
+        self
     }
 
     pub fn failure(&self) -> Failure {
@@ -185,6 +204,15 @@ impl SendError {
 
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// Whether the send reached the provider: it may have had the mail, so the attempt
+    /// counts. A send that failed before (for SMTP: no session was opened, because
+    /// connecting, the TLS of `smtps://`, the greeting or `EHLO` failed, or connecting was
+    /// paused) never showed the mail to anyone; its attempt does not count, so an outage
+    /// of the provider, however long, never makes a request `gave-up`.
+    pub fn reached(&self) -> bool {
+        self.reached
     }
 }
 

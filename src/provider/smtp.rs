@@ -125,25 +125,32 @@ impl SmtpProvider {
     /// Sends one mail on a connection of the pool, within `limit` once it has one: the
     /// wait for a free connection (all `connections` busy) is not part of the send's
     /// deadline, so a slow server makes queued sends wait their turn rather than time out
-    /// before they ever connect.
+    /// before they ever connect. A send cut at the deadline before a session was opened
+    /// did not reach the server.
     async fn send_mail(&self, mail: Mail, limit: Option<Duration>) -> Result<(), SendError> {
         let _permit = self.permits.acquire().await.map_err(|_| {
             SendError::for_now(ErrorClass::Io, format!("{self}: the provider is shut down"))
         })?;
-        let sending = self.send_on_connection(mail);
+        let mut reached = false;
+        let sending = self.send_on_connection(mail, &mut reached);
         let Some(limit) = limit else {
             return sending.await;
         };
         let sent = tokio::time::timeout(limit, sending).await;
-        sent.unwrap_or_else(|_| Err(SendError::past_deadline(self, limit)))
+        sent.unwrap_or_else(|_| {
+            let error = SendError::past_deadline(self, limit);
+            Err(if reached { error } else { error.not_reached() })
+        })
     }
 
-    /// [`send_mail`](Self::send_mail) once it holds a permit.
-    async fn send_on_connection(&self, mail: Mail) -> Result<(), SendError> {
+    /// [`send_mail`](Self::send_mail) once it holds a permit; `reached` is set while it
+    /// holds a session with the server.
+    async fn send_on_connection(&self, mail: Mail, reached: &mut bool) -> Result<(), SendError> {
         let (mut pooled, reused) = match self.take_idle() {
             Some(pooled) => (pooled, true),
             None => (self.connect().await?, false),
         };
+        *reached = true;
         // Rendered once a connection is ready, so a server that refuses us costs no
         // rendering, and at most one mail per connection is held rendered.
         let mail = mail.render().map_err(|e| super::unrenderable(self, &e))?;
@@ -158,7 +165,9 @@ impl SmtpProvider {
                     error.detail
                 );
                 drop(pooled);
+                *reached = false;
                 let mut fresh = self.connect().await?;
+                *reached = true;
                 let result = self.transaction(&mut fresh.connection, &mail).await;
                 self.finish(fresh, result).await
             }
@@ -217,7 +226,9 @@ impl SmtpProvider {
     }
 
     /// Opens a connection: greeting, `EHLO`, TLS as the settings say, and login; or fails
-    /// at once while the [breaker](breaker) pauses connecting.
+    /// at once while the [breaker](breaker) pauses connecting. Until the session is open
+    /// (the greeting and `EHLO` answered) a failure did not reach the server
+    /// ([`SendError::reached`]); STARTTLS and login come after and did.
     async fn connect(&self) -> Result<PooledConnection, SendError> {
         if let Gate::FailFast(error) = self.breaker.gate(Instant::now()) {
             return Err(error);
@@ -256,7 +267,7 @@ impl SmtpProvider {
                 Err(e) => Err(e),
             },
         }
-        .map_err(|e| self.report(e))?;
+        .map_err(|e| self.report(e).not_reached())?;
         tracing::debug!(server = %self.server, "connected");
         Ok(connection)
     }
@@ -460,6 +471,10 @@ impl Provider for SmtpProvider {
 
     fn concurrency(&self) -> Option<NonZeroUsize> {
         NonZeroUsize::new(self.settings.connections)
+    }
+
+    fn paused_until(&self) -> Option<Instant> {
+        self.breaker.paused_until()
     }
 }
 

@@ -158,11 +158,19 @@ async fn attempt(
         Ok(()) => Attempted::Sent,
         Err(e) => {
             shared.metrics.provider_error(e.class().as_str());
-            let error = e.to_string();
             if e.is_for_good() {
-                Attempted::FailedForGood { attempt, error }
+                Attempted::FailedForGood {
+                    attempt,
+                    error: e.to_string(),
+                }
+            } else if !e.reached() {
+                debug!(error = %e, "the send did not reach the provider; its attempt does not count");
+                Attempted::NotReached { attempt }
             } else {
-                Attempted::FailedForNow { attempt, error }
+                Attempted::FailedForNow {
+                    attempt,
+                    error: e.to_string(),
+                }
             }
         }
     }
