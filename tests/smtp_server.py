@@ -21,8 +21,10 @@ DATA answer 451 the first time that address is seen (the mail is not stored; its
 Message-ID is appended to MAIL_DIR/refused.log), and 250 after.
 
 Each accepted mail is stored as MAIL_DIR/<n>.eml (written to a temporary name and then
-renamed, so a reader never sees half a mail). Each EHLO or HELO, that is each SMTP
-session, appends a line to MAIL_DIR/sessions.log, so tests can count connections.
+renamed, so a reader never sees half a mail), numbered on from the mails already in
+MAIL_DIR, so a server started again on the same directory keeps what the last one
+stored. Each EHLO or HELO, that is each SMTP session, appends a line to
+MAIL_DIR/sessions.log, so tests can count connections.
 Exits on SIGTERM or SIGINT.
 """
 
@@ -40,7 +42,10 @@ from aiosmtpd.controller import Controller
 class Handler:
     def __init__(self, mail_dir):
         self.mail_dir = mail_dir
-        self.numbers = itertools.count(1)
+        # After the mails a server before this one stored in MAIL_DIR, if any.
+        stored = [int(name[:-4]) for name in os.listdir(mail_dir)
+                  if name.endswith(".eml") and name[:-4].isdigit()]
+        self.numbers = itertools.count(max(stored, default=0) + 1)
         self.refused_once = set()
 
     def _log_session(self, hostname):
