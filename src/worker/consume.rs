@@ -61,6 +61,8 @@ pub struct Worker {
     pub user: String,
     pub provider: Arc<dyn Provider>,
     pub max_attempts: u32,
+    /// The largest request body read; a larger one is dead-lettered as `too-large`.
+    pub max_request_bytes: usize,
     pub prefetch: u16,
     pub queue: String,
     pub retry_exchange: String,
@@ -219,6 +221,7 @@ impl Worker {
                 self.timeouts.publish,
             ),
             max_attempts: self.max_attempts,
+            max_request_bytes: self.max_request_bytes,
             metrics: metrics.clone(),
             send_timeout: self.timeouts.send,
             settle_timeout: self.timeouts.publish,

@@ -21,7 +21,7 @@ use super::metrics::{OutcomeLabel, WorkerMetrics};
 use super::outcome::{Attempted, Outcome, decide};
 use super::park::Publisher;
 use crate::amqp::PublishError;
-use crate::message::{read_request, unique_id};
+use crate::message::{read_request, size, unique_id};
 use crate::provider::Provider;
 
 /// State shared by every delivery's task.
@@ -29,6 +29,8 @@ pub struct Shared {
     pub provider: Arc<dyn Provider>,
     pub publisher: Publisher,
     pub max_attempts: u32,
+    /// The largest request body read; a larger one is dead-lettered as `too-large`.
+    pub max_request_bytes: usize,
     pub metrics: Arc<WorkerMetrics>,
     /// The deadline of one send, the whole SMTP transaction (not the wait for a free
     /// connection: [`Provider::send_within`]).
@@ -142,6 +144,12 @@ async fn attempt(
         }
     };
     tracing::Span::current().record("attempt", attempt);
+    if let Err(e) = size::check(request.len(), shared.max_request_bytes) {
+        return Attempted::TooLarge {
+            attempt,
+            error: format!("{e} (MAIL_MAX_REQUEST_BYTES)"),
+        };
+    }
     let mail = match read_request(request, Some(message_id)) {
         Ok(mail) => mail,
         Err(e) => {

@@ -11,6 +11,8 @@ pub enum Attempted {
     MalformedAttempt { error: String },
     /// The body is not a valid mail request.
     MalformedRequest { attempt: u32, error: String },
+    /// The body is larger than the worker's limit.
+    TooLarge { attempt: u32, error: String },
     /// The provider refused it for good (e.g. an SMTP 5xx).
     FailedForGood { attempt: u32, error: String },
     /// It failed for now after reaching the provider (e.g. an SMTP 4xx, a connection
@@ -37,8 +39,8 @@ pub enum Outcome {
     },
 }
 
-/// The outcome table of the design: sent is acked; malformed and refused-for-good are
-/// dead-lettered at once; failed-for-now is parked until `max_attempts` is reached, then
+/// The outcome table of the design: sent is acked; malformed, too large and
+/// refused-for-good are dead-lettered at once; failed-for-now is parked until `max_attempts` is reached, then
 /// given up. Attempts count sends that reached the provider: one that did not is parked
 /// with its attempt unchanged, whatever it is, and so is never given up.
 pub fn decide(attempted: Attempted, max_attempts: u32) -> Outcome {
@@ -51,6 +53,11 @@ pub fn decide(attempted: Attempted, max_attempts: u32) -> Outcome {
         },
         Attempted::MalformedRequest { attempt, error } => Outcome::DeadLetter {
             reason: DeadReason::Malformed,
+            attempts: attempt,
+            error,
+        },
+        Attempted::TooLarge { attempt, error } => Outcome::DeadLetter {
+            reason: DeadReason::TooLarge,
             attempts: attempt,
             error,
         },
@@ -102,6 +109,17 @@ mod tests {
                 },
                 Outcome::DeadLetter {
                     reason: DeadReason::Malformed,
+                    attempts: 2,
+                    error: e(),
+                },
+            ),
+            (
+                Attempted::TooLarge {
+                    attempt: 2,
+                    error: e(),
+                },
+                Outcome::DeadLetter {
+                    reason: DeadReason::TooLarge,
                     attempts: 2,
                     error: e(),
                 },
