@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use crate::amqp::publish::confirm_deadline;
+
 /// How long a worker without a broker goes on connecting again by default: longer than a
 /// rolling restart of a cluster's nodes takes, so such a restart costs no worker restart.
 pub const DEFAULT_RECONNECT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -13,7 +15,8 @@ pub const DEFAULT_RECONNECT_TIMEOUT: Duration = Duration::from_secs(300);
 pub struct Timeouts {
     /// One attempt to connect to the broker.
     pub connect: Duration,
-    /// A publish's confirm, a cancel, a close.
+    /// A publish's confirm (plus an allowance for its size:
+    /// [`crate::amqp::publish::confirm_deadline`]), a cancel, a close.
     pub publish: Duration,
     /// One send, the whole SMTP transaction; not the wait for a free connection.
     pub send: Duration,
@@ -27,11 +30,14 @@ pub struct Timeouts {
 impl Timeouts {
     /// The longest one delivery can take when nothing hangs: its send, after waiting for
     /// `turns - 1` sends ahead of it (the deliveries a worker holds beyond the sends its
-    /// provider makes at once), its park or dead-letter publish and its ack, and some
-    /// slack. A delivery in flight for longer means the worker is stuck, and `/livez` says
-    /// so.
-    pub fn longest_delivery(&self, turns: u32) -> Duration {
-        self.send.saturating_mul(turns.max(1)) + self.publish * 2 + Duration::from_secs(10)
+    /// provider makes at once), its park or dead-letter publish of up to `largest_body`
+    /// bytes, its ack, and some slack. A delivery in flight for longer means the worker is
+    /// stuck, and `/livez` says so.
+    pub fn longest_delivery(&self, turns: u32, largest_body: usize) -> Duration {
+        self.send.saturating_mul(turns.max(1))
+            + confirm_deadline(self.publish, largest_body)
+            + self.publish
+            + Duration::from_secs(10)
     }
 }
 
@@ -83,10 +89,18 @@ mod tests {
         assert_eq!(send_turns(16, None), 1);
         let timeouts = Timeouts::default();
         assert_eq!(
-            timeouts.longest_delivery(4),
+            timeouts.longest_delivery(4, 1000),
             Duration::from_secs(4 * 60 + 2 * 30 + 10)
         );
-        assert_eq!(timeouts.longest_delivery(0), timeouts.longest_delivery(1));
+        assert_eq!(
+            timeouts.longest_delivery(0, 1000),
+            timeouts.longest_delivery(1, 1000)
+        );
+        assert_eq!(
+            timeouts.longest_delivery(1, 25 << 20),
+            Duration::from_secs(60 + 2 * 30 + 25 + 10),
+            "the publish of a 25 MiB request may take 25s more"
+        );
     }
 
     #[test]

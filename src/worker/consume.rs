@@ -239,7 +239,9 @@ impl Worker {
             started: HashMap::new(),
         };
         let turns = send_turns(self.prefetch, self.provider.concurrency());
-        let bound = self.timeouts.longest_delivery(turns);
+        let bound = self
+            .timeouts
+            .longest_delivery(turns, self.max_request_bytes);
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
         let stop = loop {
             // A delivery older than any it could take means the loop no longer makes
