@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """An SMTP server for the provider tests, built on aiosmtpd (pip install aiosmtpd).
 
-    python3 tests/smtp_server.py PORT MAIL_DIR [starttls|implicit CERT KEY]
+    python3 tests/smtp_server.py PORT MAIL_DIR [starttls|implicit CERT KEY | busy]
 
 With starttls it offers STARTTLS with CERT and KEY (PEM); with implicit it speaks TLS
-from the first byte (smtps).
+from the first byte (smtps). With busy it takes every session and refuses every mail
+for now (451 to MAIL FROM), as a relay that throttles: sends reach it and fail.
 
 Listens on 127.0.0.1:PORT (0 picks a free port) and prints "READY <port>" once it
 accepts connections. It answers each RCPT by the local part of the address:
@@ -40,8 +41,9 @@ from aiosmtpd.controller import Controller
 
 
 class Handler:
-    def __init__(self, mail_dir):
+    def __init__(self, mail_dir, busy=False):
         self.mail_dir = mail_dir
+        self.busy = busy
         # After the mails a server before this one stored in MAIL_DIR, if any.
         stored = [int(name[:-4]) for name in os.listdir(mail_dir)
                   if name.endswith(".eml") and name[:-4].isdigit()]
@@ -64,6 +66,8 @@ class Handler:
 
     async def handle_MAIL(self, server, session, envelope, address, mail_options):
         local_part = address.rsplit("@", 1)[0]
+        if self.busy:
+            return "451 4.3.2 not accepting mail for now"
         if local_part.endswith("+530"):
             return "530 5.7.0 Authentication required"
         if local_part.endswith("+554"):
@@ -116,8 +120,8 @@ class AnyPortController(Controller):
 
 
 def main():
-    if len(sys.argv) not in (3, 6):
-        sys.exit("usage: smtp_server.py PORT MAIL_DIR [starttls|implicit CERT KEY]")
+    if len(sys.argv) not in (3, 4, 6) or sys.argv[3:4] not in ([], ["busy"]) and len(sys.argv) == 4:
+        sys.exit("usage: smtp_server.py PORT MAIL_DIR [starttls|implicit CERT KEY | busy]")
     port, mail_dir = int(sys.argv[1]), sys.argv[2]
     os.makedirs(mail_dir, exist_ok=True)
     tls = {}
@@ -131,7 +135,8 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
-    controller = AnyPortController(Handler(mail_dir), hostname="127.0.0.1", port=port, **tls)
+    handler = Handler(mail_dir, busy=sys.argv[3:] == ["busy"])
+    controller = AnyPortController(handler, hostname="127.0.0.1", port=port, **tls)
     controller.start()
     print(f"READY {controller.port}", flush=True)
     try:

@@ -53,6 +53,12 @@ impl SmtpServer {
         Self::start_with(port, mail_dir, &[])
     }
 
+    /// Starts a server that takes every session and refuses every mail for now (451 to
+    /// `MAIL FROM`): sends reach it, and fail.
+    pub fn start_busy() -> Self {
+        Self::start_with(0, TempDir::new("smtp"), &[Path::new("busy")])
+    }
+
     /// Starts a server that speaks TLS: `tls` is `["starttls" | "implicit", CERT, KEY]`.
     pub fn start_tls(tls: [&Path; 3]) -> Self {
         Self::start_with(0, TempDir::new("smtp"), &tls)
