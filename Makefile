@@ -21,9 +21,10 @@ test-rabbitmq4:
 
 # The fault suite (docs/reliability.md): the worker, restarted as a kubelet would,
 # against a private RabbitMQ node of each version (.ci/rabbitmq-node.sh: never the shared
-# brokers) that it stops, alarms and strips of its queues, and an SMTP server that hangs
-# or cuts sessions; one fault at a time. Prints the fault table (kept in
-# target/faults.md). Needs root, and the RabbitMQ 4.0 root of .ci/rabbitmq4.sh.
+# brokers) that it stops, alarms and strips of its queues, and an SMTP server that hangs,
+# cuts sessions or is down for 3 minutes; one fault at a time, about 12 minutes. Prints
+# the fault table (kept in target/faults.md). Needs root, and the RabbitMQ 4.0 root of
+# .ci/rabbitmq4.sh.
 faults:
 	cargo test --locked --no-run --test faults
 	@printf '%s\n' '| broker | fault | published | delivered | twice | dead-lettered | waiting | lost | exit, recovery, probes (livez, readyz, metrics) |' \

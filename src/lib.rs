@@ -11,6 +11,7 @@ pub mod mail;
 pub mod manifest;
 pub mod message;
 pub mod provider;
+pub mod quantity;
 pub mod redact;
 pub mod spec;
 pub mod telemetry;

@@ -56,8 +56,10 @@ pub const DEFAULT_PREFETCH: u16 = 16;
 
 /// The content type of a mail request.
 pub const REQUEST_CONTENT_TYPE: &str = "application/json";
-/// The largest request body accepted.
-pub const MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024;
+/// The largest request body the worker accepts unless told otherwise
+/// (`MAIL_MAX_REQUEST_BYTES`, `spec.worker.maxRequestSize`); a larger one is dead-lettered
+/// as [`DeadReason::TooLarge`].
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024;
 
 /// Why a request was dead-lettered: the value of [`DEAD_REASON_HEADER`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -68,16 +70,25 @@ pub enum DeadReason {
     GaveUp,
     /// The provider refused it for good (an SMTP 5xx): retrying only delays the bad news.
     Rejected,
+    /// Its body is larger than the worker's limit (`MAIL_MAX_REQUEST_BYTES`): well-formed
+    /// or not, this worker never reads it. Raise the limit and replay it, or drop it.
+    TooLarge,
 }
 
 impl DeadReason {
-    pub const ALL: [DeadReason; 3] = [Self::Malformed, Self::GaveUp, Self::Rejected];
+    pub const ALL: [DeadReason; 4] = [
+        Self::Malformed,
+        Self::GaveUp,
+        Self::Rejected,
+        Self::TooLarge,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Malformed => "malformed",
             Self::GaveUp => "gave-up",
             Self::Rejected => "rejected",
+            Self::TooLarge => "too-large",
         }
     }
 }

@@ -417,6 +417,9 @@ impl MailerPipelineSpec {
         if worker.prefetch == 0 {
             problem("worker.prefetch", "must be at least 1".into());
         }
+        if let Err(e) = worker.max_request_bytes() {
+            problem("worker.maxRequestSize", e.to_string());
+        }
         if worker.termination_grace_period_seconds < 1 {
             problem(
                 "worker.terminationGracePeriodSeconds",

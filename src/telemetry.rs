@@ -88,7 +88,8 @@ impl Health {
         self.set_ready(false);
     }
 
-    fn not_ready_because(&self) -> &'static str {
+    /// Why the role is not ready (the last reason given), as `/readyz` says it.
+    pub fn not_ready_because(&self) -> &'static str {
         *self
             .not_ready_because
             .lock()

@@ -1,10 +1,10 @@
 //! The fault suite (`make faults`): the worker, restarted as a kubelet would, against a
 //! PRIVATE RabbitMQ node (`.ci/rabbitmq-node.sh`, never the shared brokers) that is
 //! stopped, alarmed and stripped of its queues, and a real SMTP server that hangs or cuts
-//! sessions. Each test counts every request by id and appends one line to
-//! `target/faults.md`: published, delivered, delivered twice, dead-lettered by reason,
-//! still waiting in a queue, lost (must be 0), and how long the worker took to exit or
-//! recover. Ignored by `cargo test`: `make faults` starts the node and runs them one at a
+//! sessions or is down for minutes (`faults/smtp.rs`). Each test counts every request by
+//! id and appends one line to `target/faults.md`: published, delivered, delivered twice,
+//! dead-lettered by reason, still waiting in a queue, lost (must be 0), and how long the
+//! worker took to exit or recover. Ignored by `cargo test`: `make faults` starts the node and runs them one at a
 //! time, for RabbitMQ 3.10 and 4.0 (`MAILER_FAULT_BROKER`).
 
 pub mod support;
@@ -13,6 +13,7 @@ mod faults {
     pub mod kubelet;
     pub mod node;
     pub mod proxy;
+    mod smtp;
 }
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -466,95 +467,6 @@ async fn send_queue_deleted() {
         secs(recovered)
     ));
     assert!(failed, "a cancelled consumer exits non-zero");
-}
-
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "disturbs a private broker node: make faults"]
-async fn smtp_server_that_never_answers() {
-    let pipeline = Pipeline::new("silent", "").await;
-    let smtp = SmtpServer::start();
-    let proxy = SmtpProxy::start(smtp.port, Mode::Silent).await;
-    let published = publish(&pipeline, 0..30, |_| "ok@example.com".into()).await;
-    // Attempts to spare: while the server is silent they come back every second.
-    let kubelet = Kubelet::start(
-        &pipeline.amqp_url(),
-        &smtp_url(proxy.port),
-        &[("MAIL_SEND_TIMEOUT", "3s"), ("MAIL_MAX_ATTEMPTS", "10")],
-    );
-    // The first sends time out waiting for the greeting; then the provider pauses
-    // connecting, so the rest are parked at once rather than each in a session of its own.
-    eventually(30, "every request parked", || async {
-        (kubelet.parked() >= published.len()).then_some(())
-    })
-    .await;
-    let sessions = proxy.silent_sessions();
-    assert!(
-        sessions < published.len(),
-        "{sessions} sessions for {} parked requests: the provider kept connecting",
-        published.len()
-    );
-    let probes_hanging = kubelet.probes();
-    proxy.set(Mode::Pass);
-    let answering = Instant::now();
-    eventually(90, "every mail delivered", || async {
-        (distinct(&delivered(&smtp)) == published.len()).then_some(())
-    })
-    .await;
-    let took = answering.elapsed();
-    let restarts = kubelet.restarts();
-    kubelet.stop();
-    let tally = Tally::take(
-        "SMTP server accepts and never answers (MAIL_SEND_TIMEOUT 3s)",
-        &pipeline,
-        published,
-        delivered(&smtp),
-    )
-    .await;
-    tally.report(&format!(
-        "all parked after {sessions} sessions timed out (then the provider paused connecting), probes {probes_hanging:?}; all delivered {} after it answers; {restarts} restarts",
-        secs(took)
-    ));
-    assert_eq!(restarts, 0);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "disturbs a private broker node: make faults"]
-async fn smtp_server_dropping_mid_data() {
-    let pipeline = Pipeline::new("cut", "").await;
-    let smtp = SmtpServer::start();
-    let proxy = SmtpProxy::start(smtp.port, Mode::CutMidData).await;
-    let published = publish(&pipeline, 0..30, |_| "ok@example.com".into()).await;
-    let kubelet = Kubelet::start(&pipeline.amqp_url(), &smtp_url(proxy.port), &[]);
-    eventually(30, "sessions cut", || async {
-        (depth(&pipeline, "mail.send.retry").await > 0).then_some(())
-    })
-    .await;
-    let probes_cutting = kubelet.probes();
-    proxy.set(Mode::Pass);
-    let passing = Instant::now();
-    eventually(90, "every mail delivered", || async {
-        (distinct(&delivered(&smtp)) == published.len()).then_some(())
-    })
-    .await;
-    let took = passing.elapsed();
-    let restarts = kubelet.restarts();
-    kubelet.stop();
-    let tally = Tally::take(
-        "SMTP server drops the connection mid-DATA",
-        &pipeline,
-        published,
-        delivered(&smtp),
-    )
-    .await;
-    tally.report(&format!(
-        "cut sends parked, probes {probes_cutting:?}; all delivered {} after it stops cutting; {restarts} restarts",
-        secs(took)
-    ));
-    assert_eq!(
-        tally.twice(),
-        0,
-        "a send cut before DATA's end sent nothing"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

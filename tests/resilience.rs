@@ -1,10 +1,12 @@
 //! The worker when things go wrong that the shared brokers can show without being
 //! disturbed: a peer that never speaks AMQP, a panicking provider, the consuming
-//! connection closed by the broker mid-send. (Broker restarts and alarms run on private
+//! connection closed by the broker mid-send, an SMTP server that refuses every
+//! connection for a while. (Broker restarts and alarms run on private
 //! nodes: tests/faults.rs, `make faults`.)
 
 pub mod support;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,8 +16,11 @@ use support::broker::{
     TestVhost, confirming_channel, get_within, pipeline, publish, raw_api, text,
 };
 use support::inproc::{InProcess, settled};
-use support::process::{eventually, exit_within, free_port, http_get, signal, start_worker_with};
+use support::process::{
+    eventually, exit_within, free_port, http_get, signal, start_worker_with, stop_worker,
+};
 use support::provider::TestProvider;
+use support::smtp::{SmtpServer, TempDir, closed_port};
 
 fn request(to: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({
@@ -311,4 +316,119 @@ async fn connections_ask_for_small_frames_unless_the_url_names_a_size() {
     assert_eq!(theirs.configuration().frame_max(), 65_536);
     let _ = ours.close(200, "done".into()).await;
     let _ = theirs.close(200, "done".into()).await;
+}
+
+/// A sample of the worker's `/metrics` on `port`: the series named exactly `series`
+/// (labels included), 0 when it has none yet.
+fn sample(port: u16, series: &str) -> Option<f64> {
+    let (200, text) = http_get(port, "/metrics")? else {
+        return None;
+    };
+    let prefix = format!("{series} ");
+    Some(
+        text.lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .map_or(0.0, |n| n.trim().parse().expect("a number")),
+    )
+}
+
+const PARKED: &str = "mailer_worker_deliveries_total{outcome=\"parked\"}";
+
+#[tokio::test]
+async fn a_provider_that_refuses_every_connection_stops_consumption_and_costs_no_attempt() {
+    let vhost = pipeline("outage", "").await;
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    // A copy of every park, to read the attempt it was parked with.
+    channel
+        .queue_declare("test.parks".into(), Default::default(), Default::default())
+        .await
+        .expect("declare the copy queue");
+    channel
+        .queue_bind(
+            "test.parks".into(),
+            "mail.retry".into(),
+            "mail.send".into(),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .expect("bind it to the retry exchange");
+    for i in 0..40 {
+        let id = format!("m-{i:02}");
+        publish(
+            &channel,
+            "mail",
+            "mail.send",
+            &request("ok@example.com"),
+            properties(&id),
+        )
+        .await;
+    }
+    // Nothing listens on the SMTP port yet. One attempt allowed: any failure that counted
+    // would dead-letter its request as gave-up.
+    let smtp_port = closed_port();
+    let http = free_port();
+    let addr = format!("127.0.0.1:{http}");
+    let worker = start_worker_with(
+        &vhost.amqp_url(),
+        &format!("smtp://127.0.0.1:{smtp_port}?tls=none"),
+        &[
+            ("MAIL_HTTP_ADDR", &addr),
+            ("MAIL_MAX_ATTEMPTS", "1"),
+            ("MAIL_PREFETCH", "4"),
+        ],
+    );
+    eventually(20, "/readyz: the provider cannot be reached", || async {
+        http_get(http, "/readyz")
+            .filter(|(status, body)| *status == 503 && body.contains("provider cannot be reached"))
+    })
+    .await;
+    assert_eq!(sample(http, "mailer_worker_provider_paused"), Some(1.0));
+    // The first four sends failed (three refused connects, then the pause); then one
+    // delivery probes at the end of each pause (1s, then 2s).
+    eventually(20, "two probes after the first sends", || async {
+        sample(http, PARKED).filter(|parked| *parked >= 6.0)
+    })
+    .await;
+    let waiting = ready(&vhost, "mail.send").await + ready(&vhost, "mail.send.retry").await;
+    assert!(
+        waiting >= 30,
+        "the backlog stays in the queues, not parked over and over: {waiting} waiting"
+    );
+
+    let smtp = SmtpServer::start_on(smtp_port, TempDir::new("smtp"));
+    eventually(60, "every mail delivered", || async {
+        (smtp.message_ids().len() >= 40).then_some(())
+    })
+    .await;
+    eventually(10, "/readyz ready again", || async {
+        http_get(http, "/readyz").filter(|(status, _)| *status == 200)
+    })
+    .await;
+    assert_eq!(sample(http, "mailer_worker_provider_paused"), Some(0.0));
+    let parks = sample(http, PARKED).expect("metrics");
+    stop_worker(worker);
+
+    let ids = smtp.message_ids();
+    let distinct: BTreeSet<&String> = ids.iter().collect();
+    assert_eq!((ids.len(), distinct.len()), (40, 40), "each sent once");
+    assert_eq!(ready(&vhost, "mail.send.dead").await, 0, "none given up");
+    let mut attempts = Vec::new();
+    while let Some(park) = get_within(&channel, "test.parks", Duration::ZERO).await {
+        let headers = park
+            .delivery
+            .properties
+            .headers()
+            .clone()
+            .unwrap_or_default();
+        attempts.push(headers.inner().get("x-mail-attempt").cloned());
+    }
+    assert_eq!(attempts.len() as f64, parks, "every park copied");
+    assert!(
+        attempts
+            .iter()
+            .all(|a| *a == Some(lapin::types::AMQPValue::LongLongInt(1))),
+        "parked with the attempt unchanged: {attempts:?}"
+    );
 }

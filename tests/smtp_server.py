@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """An SMTP server for the provider tests, built on aiosmtpd (pip install aiosmtpd).
 
-    python3 tests/smtp_server.py PORT MAIL_DIR [starttls|implicit CERT KEY]
+    python3 tests/smtp_server.py PORT MAIL_DIR [starttls|implicit CERT KEY | busy]
 
 With starttls it offers STARTTLS with CERT and KEY (PEM); with implicit it speaks TLS
-from the first byte (smtps).
+from the first byte (smtps). With busy it takes every session and refuses every mail
+for now (451 to MAIL FROM), as a relay that throttles: sends reach it and fail.
 
 Listens on 127.0.0.1:PORT (0 picks a free port) and prints "READY <port>" once it
 accepts connections. It answers each RCPT by the local part of the address:
@@ -12,6 +13,7 @@ accepts connections. It answers each RCPT by the local part of the address:
     anything+450@...  ->  450 4.2.0 mailbox busy
     anything+550@...  ->  550 5.1.1 no such user
     anything+421@...  ->  421 4.3.2 shutting down
+    anything+slow@... ->  250 OK, half a second late
     anything else     ->  250 OK
 
 and each MAIL FROM by the sender's local part: +530 -> 530 5.7.0 authentication
@@ -20,11 +22,14 @@ DATA answer 451 the first time that address is seen (the mail is not stored; its
 Message-ID is appended to MAIL_DIR/refused.log), and 250 after.
 
 Each accepted mail is stored as MAIL_DIR/<n>.eml (written to a temporary name and then
-renamed, so a reader never sees half a mail). Each EHLO or HELO, that is each SMTP
-session, appends a line to MAIL_DIR/sessions.log, so tests can count connections.
+renamed, so a reader never sees half a mail), numbered on from the mails already in
+MAIL_DIR, so a server started again on the same directory keeps what the last one
+stored. Each EHLO or HELO, that is each SMTP session, appends a line to
+MAIL_DIR/sessions.log, so tests can count connections.
 Exits on SIGTERM or SIGINT.
 """
 
+import asyncio
 import itertools
 import os
 import signal
@@ -36,9 +41,13 @@ from aiosmtpd.controller import Controller
 
 
 class Handler:
-    def __init__(self, mail_dir):
+    def __init__(self, mail_dir, busy=False):
         self.mail_dir = mail_dir
-        self.numbers = itertools.count(1)
+        self.busy = busy
+        # After the mails a server before this one stored in MAIL_DIR, if any.
+        stored = [int(name[:-4]) for name in os.listdir(mail_dir)
+                  if name.endswith(".eml") and name[:-4].isdigit()]
+        self.numbers = itertools.count(max(stored, default=0) + 1)
         self.refused_once = set()
 
     def _log_session(self, hostname):
@@ -57,6 +66,8 @@ class Handler:
 
     async def handle_MAIL(self, server, session, envelope, address, mail_options):
         local_part = address.rsplit("@", 1)[0]
+        if self.busy:
+            return "451 4.3.2 not accepting mail for now"
         if local_part.endswith("+530"):
             return "530 5.7.0 Authentication required"
         if local_part.endswith("+554"):
@@ -73,6 +84,8 @@ class Handler:
             return "450 4.2.0 mailbox busy"
         if local_part.endswith("+550"):
             return "550 5.1.1 no such user"
+        if local_part.endswith("+slow"):
+            await asyncio.sleep(0.5)
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
@@ -107,8 +120,8 @@ class AnyPortController(Controller):
 
 
 def main():
-    if len(sys.argv) not in (3, 6):
-        sys.exit("usage: smtp_server.py PORT MAIL_DIR [starttls|implicit CERT KEY]")
+    if len(sys.argv) not in (3, 4, 6) or sys.argv[3:4] not in ([], ["busy"]) and len(sys.argv) == 4:
+        sys.exit("usage: smtp_server.py PORT MAIL_DIR [starttls|implicit CERT KEY | busy]")
     port, mail_dir = int(sys.argv[1]), sys.argv[2]
     os.makedirs(mail_dir, exist_ok=True)
     tls = {}
@@ -122,7 +135,8 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
-    controller = AnyPortController(Handler(mail_dir), hostname="127.0.0.1", port=port, **tls)
+    handler = Handler(mail_dir, busy=sys.argv[3:] == ["busy"])
+    controller = AnyPortController(handler, hostname="127.0.0.1", port=port, **tls)
     controller.start()
     print(f"READY {controller.port}", flush=True)
     try:

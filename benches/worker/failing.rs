@@ -1,5 +1,6 @@
-//! A provider that fails every send for now without any I/O: the park path with the
-//! cost of a refused SMTP connection taken out, to tell it from the worker's own.
+//! A provider that fails every send for now without any I/O, as a relay that refuses
+//! every mail with a 4xx would (the send reached it, so it is parked with its attempt
+//! counted): the park path with no SMTP round trip, so the worker's own cost shows.
 
 use std::fmt;
 
@@ -12,7 +13,7 @@ pub struct FailingProvider;
 
 impl fmt::Display for FailingProvider {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("failing (in memory)")
+        f.write_str("failing (in memory, 451 to every mail)")
     }
 }
 
@@ -20,8 +21,8 @@ impl Provider for FailingProvider {
     fn send(&self, _mail: Mail) -> BoxFuture<'_, Result<(), SendError>> {
         Box::pin(async {
             Err(SendError::for_now(
-                ErrorClass::Connect,
-                "connecting to 127.0.0.1:1: Connection refused (os error 111)",
+                ErrorClass::TemporaryReply,
+                "127.0.0.1:25: MAIL FROM:<noreply@shop.example>: 451 4.3.2 not accepting mail for now",
             ))
         })
     }

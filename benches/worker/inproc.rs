@@ -38,6 +38,7 @@ pub async fn run_worker(
         user: USER.into(),
         provider,
         max_attempts: mailer::mail::DEFAULT_MAX_ATTEMPTS,
+        max_request_bytes: mailer::mail::DEFAULT_MAX_REQUEST_BYTES,
         prefetch: PREFETCH,
         queue: t.queue.clone(),
         retry_exchange: t.retry_exchange.clone(),

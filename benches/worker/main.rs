@@ -6,9 +6,10 @@
 //!
 //! 1. the ack path: the worker with `discard://` draining pre-published requests, against
 //!    a bare lapin consume-and-ack loop over as many identical messages;
-//! 2. the park path: every send fails for now (a closed local port), so the worker parks
-//!    each request in the retry exchange, against a bare consume, publish-with-confirm
-//!    (mandatory), ack loop with the same concurrency;
+//! 2. the park path: every send fails for now after reaching the provider (in memory, as
+//!    a relay that refuses every mail with a 4xx would), so the worker parks each request
+//!    in the retry exchange, against a bare consume, publish-with-confirm (mandatory), ack
+//!    loop with the same concurrency;
 //! 3. end to end: mails per second from the worker to a local SMTP sink (aiosmtpd, or
 //!    Postfix's `smtp-sink` with `MAILER_BENCH_SMTP_SINK`), and the sink's own limit with
 //!    the SMTP provider alone;
@@ -30,10 +31,7 @@
 //! - `MAILER_BENCH_SCENARIOS`: a subset of `ack,park,smtp,memory`;
 //! - `MAILER_BENCH_SMTP_OPTIONS`, e.g. `&connections=16`: appended to the sink's URL;
 //! - `MAILER_BENCH_SMTP_SINK`: the path of Postfix's `smtp-sink`, to use instead of
-//!   aiosmtpd (see `sink.rs`);
-//! - `MAILER_BENCH_PARK_IN_MEMORY=1`: on the park path the worker's provider fails in
-//!   memory instead of connecting to a closed port, to tell the worker's own cost from
-//!   that of a refused connection.
+//!   aiosmtpd (see `sink.rs`).
 
 mod broker;
 mod cpu;
@@ -285,29 +283,16 @@ async fn ack_path(s: &Settings, body: &[u8]) -> Result<Comparison> {
 /// confirm, ack loop.
 async fn park_path(s: &Settings, body: &[u8]) -> Result<Comparison> {
     let n = s.park_n;
-    // A port that was free a moment ago: connecting to it is refused at once.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let url = format!("smtp://127.0.0.1:{closed}?tls=none&timeout=1s");
+    // A provider that cannot be reached makes the worker stop consuming, not park: the
+    // sends fail after reaching it, as to a relay that refuses every mail for now.
+    let refused: std::sync::Arc<dyn mailer::provider::Provider> =
+        std::sync::Arc::new(failing::FailingProvider);
     println!(
-        "\n== 2. park path: {n} requests, worker with {url} (refused: each request parked) vs bare consume+publish(confirm, mandatory)+ack (load {})",
+        "\n== 2. park path: {n} requests, worker with {refused} (each request parked) vs bare consume+publish(confirm, mandatory)+ack (load {})",
         load_average()
     );
     let vhost = BenchVhost::create("park").await?;
     let connection = vhost.connect().await?;
-    let refused: std::sync::Arc<dyn mailer::provider::Provider> = if std::env::var_os(
-        "MAILER_BENCH_PARK_IN_MEMORY",
-    )
-    .is_some()
-    {
-        println!(
-            "  (MAILER_BENCH_PARK_IN_MEMORY: the worker's sends fail in memory, with no connection attempt)"
-        );
-        std::sync::Arc::new(failing::FailingProvider)
-    } else {
-        provider::from_url(&url)?
-    };
     let (queue, retry) = (
         vhost.topology.queue.clone(),
         vhost.topology.retry_queue.clone(),

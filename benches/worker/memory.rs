@@ -74,13 +74,13 @@ const CASES: [MemoryCase; 3] = [
     },
 ];
 
-/// A request of just under 10 MiB (`MAX_REQUEST_BYTES`): a text body of short lines, as
+/// A request of just under 10 MiB (`DEFAULT_MAX_REQUEST_BYTES`): a text body of short lines, as
 /// a long newsletter would be.
 pub fn large_request_body() -> Vec<u8> {
     const LINE: &str =
         "The quick brown fox jumps over the lazy dog, and then it jumps over it again.\n";
     // On the wire each line's break is two bytes, `\n`; leave room for the rest.
-    let lines = (mailer::mail::MAX_REQUEST_BYTES - 1024) / (LINE.len() + 1);
+    let lines = (mailer::mail::DEFAULT_MAX_REQUEST_BYTES - 1024) / (LINE.len() + 1);
     let request = serde_json::json!({
         "from": "Shop <noreply@shop.example>",
         "to": ["customer@example.com"],

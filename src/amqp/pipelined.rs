@@ -215,7 +215,8 @@ impl PipelinedPublisher {
     }
 
     /// Publishes with the mandatory flag and returns once the broker confirmed that a queue
-    /// took it, or fails after `timeout`.
+    /// took it, or fails after `timeout` and the allowance for its size
+    /// ([`super::publish::confirm_deadline`]).
     pub async fn publish(
         &self,
         exchange: &str,
@@ -248,7 +249,7 @@ impl PipelinedPublisher {
             self.outcome(&slot, horizon, exchange, published_id.as_deref())
                 .await
         };
-        within(timeout, exchange, publishing).await
+        within(timeout, body.len(), exchange, publishing).await
     }
 
     /// A place for `key` on the first lane where no publish with that key is in flight.

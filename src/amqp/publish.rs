@@ -12,6 +12,21 @@ use crate::mail::{self, MAIL_HEADER_PREFIX, REPLAYS_HEADER};
 /// How long a publish may wait for the broker's confirm by default (`MAIL_PUBLISH_TIMEOUT`).
 pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How much longer a publish may wait for its confirm for each whole MiB of its body:
+/// the broker takes the body over the network, writes it, and copies it to a majority of
+/// a quorum queue's nodes before it confirms. At this rate (1 MiB/s, far below a healthy
+/// broker's) the publish timeout stays a deadline for a broker that does not answer, not
+/// a bet on the size of a request.
+pub const CONFIRM_ALLOWANCE_PER_MIB: Duration = Duration::from_secs(1);
+
+/// The deadline of a publish of `body_bytes` with the publish timeout `floor`: `floor`,
+/// plus [`CONFIRM_ALLOWANCE_PER_MIB`] for each whole MiB of the body (a 25 MiB request
+/// gets 25s more; one under 1 MiB, nothing).
+pub fn confirm_deadline(floor: Duration, body_bytes: usize) -> Duration {
+    let mib = u32::try_from(body_bytes / (1024 * 1024)).unwrap_or(u32::MAX);
+    floor.saturating_add(CONFIRM_ALLOWANCE_PER_MIB.saturating_mul(mib))
+}
+
 /// AMQP's persistent delivery mode.
 pub const PERSISTENT: u8 = 2;
 
@@ -51,7 +66,8 @@ pub enum PublishError {
 }
 
 /// Publishes with the mandatory flag on `channel`, which must be in confirm mode, and
-/// returns once the broker confirmed that a queue took it, or fails after `timeout`.
+/// returns once the broker confirmed that a queue took it, or fails after `timeout` (and
+/// the allowance for its size: [`confirm_deadline`]).
 ///
 /// lapin pairs a returned message with the next confirm of its channel, so a caller must
 /// have at most one publish in flight on `channel` (for many in flight on one channel, as
@@ -73,7 +89,7 @@ pub async fn publish_confirmed(
             source,
         })
     };
-    let confirmation = within(timeout, exchange, publishing).await?;
+    let confirmation = within(timeout, body.len(), exchange, publishing).await?;
     if !confirmation.is_ack() {
         return Err(PublishError::Nacked {
             exchange: exchange.to_string(),
@@ -130,12 +146,14 @@ pub(super) async fn publish_mandatory(
 }
 
 /// `publishing`, or [`PublishError::Timeout`] when the broker has not confirmed it after
-/// `timeout`.
+/// `timeout` and the allowance for a body of `body_bytes` ([`confirm_deadline`]).
 pub(super) async fn within<T>(
     timeout: Duration,
+    body_bytes: usize,
     exchange: &str,
     publishing: impl Future<Output = Result<T, PublishError>>,
 ) -> Result<T, PublishError> {
+    let timeout = confirm_deadline(timeout, body_bytes);
     tokio::time::timeout(timeout, publishing)
         .await
         .map_err(|_| PublishError::Timeout {
@@ -218,6 +236,41 @@ pub fn republished(
 mod tests {
     use super::*;
     use crate::mail::ATTEMPT_HEADER;
+
+    #[test]
+    fn the_confirm_deadline_grows_by_a_second_for_each_whole_mib() {
+        let floor = Duration::from_secs(30);
+        assert_eq!(confirm_deadline(floor, 0), floor);
+        assert_eq!(confirm_deadline(floor, (1 << 20) - 1), floor);
+        assert_eq!(
+            confirm_deadline(floor, 1 << 20),
+            floor + Duration::from_secs(1)
+        );
+        assert_eq!(
+            confirm_deadline(floor, 25 << 20),
+            Duration::from_secs(55),
+            "a 25 MiB request"
+        );
+        assert_eq!(
+            confirm_deadline(Duration::from_secs(3), 512 << 20),
+            Duration::from_secs(3 + 512)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_publish_may_wait_its_sizes_allowance_and_no_longer() {
+        let floor = Duration::from_secs(3);
+        let never = std::future::pending::<Result<(), PublishError>>;
+        let started = tokio::time::Instant::now();
+        let error = within(floor, 10 << 20, "mail.retry", never())
+            .await
+            .unwrap_err();
+        assert_eq!(started.elapsed(), Duration::from_secs(13));
+        assert_eq!(
+            error.to_string(),
+            "the broker did not confirm the publish to mail.retry within 13s: is it blocking publishers (a memory or disk alarm)?"
+        );
+    }
 
     fn original() -> BasicProperties {
         let mut headers = FieldTable::default();

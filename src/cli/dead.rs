@@ -124,8 +124,8 @@ pub struct Source {
 /// Which dead letters; every filter given must match.
 #[derive(Debug, clap::Args)]
 pub struct Filters {
-    /// Only this reason; repeat for more: malformed, gave-up, rejected (the worker's),
-    /// delivery_limit, expired, maxlen, rejected (RabbitMQ's).
+    /// Only this reason; repeat for more: malformed, gave-up, rejected, too-large (the
+    /// worker's), delivery_limit, expired, maxlen, rejected (RabbitMQ's).
     #[arg(long, value_parser = parse_reason)]
     reason: Vec<String>,
     /// Only those dead at least this long ago, e.g. 30m, 2h or 7d.

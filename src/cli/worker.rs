@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 
 use crate::mail;
 use crate::message::send::{Destination, publish_request};
-use crate::message::{MailRequest, parse_request, unique_id};
+use crate::message::{MailRequest, parse_request, size, unique_id};
 use crate::worker::Worker;
 use crate::worker::config::{ConfigError, Timeouts, amqp_user};
 
@@ -38,6 +38,12 @@ pub struct WorkerTuning {
     #[arg(long, env = "MAIL_MAX_ATTEMPTS", default_value_t = mail::DEFAULT_MAX_ATTEMPTS,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_attempts: u32,
+    /// The largest request body read, in bytes or as a quantity (e.g. 32Mi; 1Ki to
+    /// 512Mi); a larger request is dead-lettered as too-large. RabbitMQ 4 refuses messages
+    /// over 16 MiB unless its max_message_size is raised.
+    #[arg(long, env = "MAIL_MAX_REQUEST_BYTES", default_value = size::DEFAULT_LIMIT,
+          value_parser = parse_limit, value_name = "SIZE")]
+    pub max_request_bytes: usize,
     /// Unacknowledged deliveries held, and processed, at once.
     #[arg(long, env = "MAIL_PREFETCH", default_value_t = mail::DEFAULT_PREFETCH,
           value_parser = clap::value_parser!(u16).range(1..))]
@@ -90,6 +96,7 @@ impl WorkerArgs {
             user,
             provider,
             max_attempts: t.max_attempts,
+            max_request_bytes: t.max_request_bytes,
             prefetch: t.prefetch,
             queue: t.queue,
             retry_exchange: t.retry_exchange,
@@ -185,6 +192,16 @@ pub struct SendArgs {
     /// How long the broker may take to confirm the request.
     #[arg(long, env = "MAIL_PUBLISH_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub publish_timeout: Duration,
+    /// The largest request published, in bytes or as a quantity (e.g. 32Mi): the workers'
+    /// limit (spec.worker.maxRequestSize), over which they dead-letter it as too-large.
+    #[arg(long, env = "MAIL_MAX_REQUEST_BYTES", default_value = size::DEFAULT_LIMIT,
+          value_parser = parse_limit, value_name = "SIZE")]
+    pub max_request_bytes: usize,
+}
+
+/// `--max-request-bytes`: bytes or a quantity, within [`size::LIMIT_RANGE`].
+fn parse_limit(text: &str) -> Result<usize, String> {
+    size::parse_limit(text).map_err(|e| e.to_string())
 }
 
 impl SendArgs {
@@ -222,6 +239,14 @@ impl SendArgs {
 pub async fn send(args: SendArgs) -> Result<()> {
     let message_id = args.message_id.clone().unwrap_or_else(unique_id);
     let body = args.body(&message_id)?;
+    if let Err(e) = size::check(body.len(), args.max_request_bytes) {
+        anyhow::bail!(
+            "{e} (--max-request-bytes, MAIL_MAX_REQUEST_BYTES); not published, since the \
+             workers would dead-letter it as too-large. To send it, raise the limit here \
+             and the pipeline's spec.worker.maxRequestSize (and, above 16 MiB on RabbitMQ \
+             4, the broker's max_message_size)"
+        );
+    }
     let destination = Destination {
         amqp_url: &args.amqp_url,
         exchange: &args.exchange,
@@ -259,6 +284,7 @@ mod tests {
         ]);
         let worker = cli.unwrap().args.into_worker().unwrap();
         assert_eq!(worker.timeouts, Timeouts::default());
+        assert_eq!(worker.max_request_bytes, mail::DEFAULT_MAX_REQUEST_BYTES);
     }
 
     #[test]

@@ -162,9 +162,12 @@ mod tests {
     #[test]
     fn values_are_checked() {
         assert_eq!(parse_reason("delivery_limit"), Ok("delivery_limit".into()));
+        assert_eq!(parse_reason("too-large"), Ok("too-large".into()));
         let err = parse_reason("gaveup").unwrap_err();
         assert!(
-            err.contains("malformed, gave-up, rejected, delivery_limit, expired, maxlen"),
+            err.contains(
+                "malformed, gave-up, rejected, too-large, delivery_limit, expired, maxlen"
+            ),
             "{err}"
         );
         assert_eq!(parse_age("1h30m"), Ok(Duration::from_secs(5400)));

@@ -15,7 +15,6 @@ use lettre::message::header::HeaderName;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::mail;
 use crate::text::truncate;
 
 mod body_text;
@@ -23,6 +22,7 @@ mod checked;
 pub mod id;
 mod rendered;
 pub mod send;
+pub mod size;
 mod wire;
 
 pub use checked::Mail;
@@ -73,8 +73,6 @@ pub struct MailRequest {
 /// problem; none contains the mail's body.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
-    #[error("the request is {size} bytes; at most {max} are accepted", max = mail::MAX_REQUEST_BYTES)]
-    TooLarge { size: usize },
     #[error("the request is not a mail request: {0}")]
     Json(String),
     #[error("{field}: {value} is not an email address")]
@@ -138,12 +136,9 @@ pub fn parse_request(body: &[u8], message_id: Option<&str>) -> Result<Mail, Requ
 /// `Message-ID` (`<message_id@domain-of-from>`, or `<message_id>` when it already holds
 /// an `@`), so every attempt of a request sends the same mail. Without one the mail
 /// gets a fresh random id.
+///
+/// Its size is not checked here: the limit is the caller's ([`size::check`]).
 pub fn read_request(request: Bytes, message_id: Option<&str>) -> Result<Mail, RequestError> {
-    if request.len() > mail::MAX_REQUEST_BYTES {
-        return Err(RequestError::TooLarge {
-            size: request.len(),
-        });
-    }
     let wire: wire::WireRequest = serde_json::from_slice(&request).map_err(|e| {
         RequestError::Json(truncate(&e.to_string(), MAX_PARSER_MESSAGE_CHARS).into_owned())
     })?;

@@ -18,7 +18,9 @@ pub mod file;
 pub mod smtp;
 
 use std::fmt;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 
@@ -35,6 +37,33 @@ pub trait Provider: Send + Sync + fmt::Display + fmt::Debug {
     /// renders it ([`Mail::render`]) once, when it is about to send it, so a provider that
     /// fails first (or sends nothing) never pays for it.
     fn send(&self, mail: Mail) -> BoxFuture<'_, Result<(), SendError>>;
+
+    /// [`send`](Self::send) within `limit`: the sending itself, from the moment the
+    /// provider starts on it. A wait for the provider's turn (a provider that makes at most
+    /// [`concurrency`](Self::concurrency) sends at once, such as a free connection of an
+    /// SMTP pool) comes first and is not counted. Past `limit` the send failed for now,
+    /// class [`ErrorClass::Timeout`].
+    fn send_within(&self, mail: Mail, limit: Duration) -> BoxFuture<'_, Result<(), SendError>> {
+        Box::pin(async move {
+            tokio::time::timeout(limit, self.send(mail))
+                .await
+                .unwrap_or_else(|_| Err(SendError::past_deadline(self, limit)))
+        })
+    }
+
+    /// How many sends the provider makes at once; more wait for their turn. `None` when it
+    /// sets no bound of its own.
+    fn concurrency(&self) -> Option<NonZeroUsize> {
+        None
+    }
+
+    /// While the provider cannot be reached (connecting to it keeps failing), when it
+    /// tries again: until then a send fails for now at once, without reaching it. A time
+    /// that has passed means the pause is over and the next send tries (and so probes the
+    /// provider); `None` while it is not paused.
+    fn paused_until(&self) -> Option<Instant> {
+        None
+    }
 }
 
 /// Whether a send that failed may succeed when tried again.
@@ -116,6 +145,8 @@ pub struct SendError {
     failure: Failure,
     class: ErrorClass,
     message: String,
+    /// Whether the send reached the provider: see [`SendError::reached`].
+    reached: bool,
 }
 
 impl SendError {
@@ -125,6 +156,7 @@ impl SendError {
             failure: Failure::ForNow,
             class,
             message: message.into(),
+            reached: true,
         }
     }
 
@@ -134,7 +166,27 @@ impl SendError {
             failure: Failure::ForGood,
             class,
             message: message.into(),
+            reached: true,
         }
+    }
+
+    /// A send that did not end within `limit` (the worker's `MAIL_SEND_TIMEOUT`): failed
+    /// for now, class [`ErrorClass::Timeout`]; it reached the provider unless said
+    /// otherwise ([`not_reached`](Self::not_reached)).
+    pub fn past_deadline(provider: &(impl fmt::Display + ?Sized), limit: Duration) -> Self {
+        Self::for_now(
+            ErrorClass::Timeout,
+            format!(
+                "{provider}: the send took longer than {} (MAIL_SEND_TIMEOUT)",
+                humantime::format_duration(limit)
+            ),
+        )
+    }
+
+    /// The same failure, of a send that never reached the provider.
+    pub fn not_reached(mut self) -> Self {
+        self.reached = false;
+        self
     }
 
     pub fn failure(&self) -> Failure {
@@ -152,6 +204,15 @@ impl SendError {
 
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// Whether the send reached the provider: it may have had the mail, so the attempt
+    /// counts. A send that failed before (for SMTP: no session was opened, because
+    /// connecting, the TLS of `smtps://`, the greeting or `EHLO` failed, or connecting was
+    /// paused) never showed the mail to anyone; its attempt does not count, so an outage
+    /// of the provider, however long, never makes a request `gave-up`.
+    pub fn reached(&self) -> bool {
+        self.reached
     }
 }
 

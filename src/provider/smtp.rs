@@ -14,6 +14,7 @@ mod settings;
 
 use std::fmt;
 use std::future::Future;
+use std::num::NonZeroUsize;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -121,14 +122,35 @@ impl SmtpProvider {
         &self.settings
     }
 
-    async fn send_mail(&self, mail: Mail) -> Result<(), SendError> {
+    /// Sends one mail on a connection of the pool, within `limit` once it has one: the
+    /// wait for a free connection (all `connections` busy) is not part of the send's
+    /// deadline, so a slow server makes queued sends wait their turn rather than time out
+    /// before they ever connect. A send cut at the deadline before a session was opened
+    /// did not reach the server.
+    async fn send_mail(&self, mail: Mail, limit: Option<Duration>) -> Result<(), SendError> {
         let _permit = self.permits.acquire().await.map_err(|_| {
             SendError::for_now(ErrorClass::Io, format!("{self}: the provider is shut down"))
         })?;
+        let mut reached = false;
+        let sending = self.send_on_connection(mail, &mut reached);
+        let Some(limit) = limit else {
+            return sending.await;
+        };
+        let sent = tokio::time::timeout(limit, sending).await;
+        sent.unwrap_or_else(|_| {
+            let error = SendError::past_deadline(self, limit);
+            Err(if reached { error } else { error.not_reached() })
+        })
+    }
+
+    /// [`send_mail`](Self::send_mail) once it holds a permit; `reached` is set while it
+    /// holds a session with the server.
+    async fn send_on_connection(&self, mail: Mail, reached: &mut bool) -> Result<(), SendError> {
         let (mut pooled, reused) = match self.take_idle() {
             Some(pooled) => (pooled, true),
             None => (self.connect().await?, false),
         };
+        *reached = true;
         // Rendered once a connection is ready, so a server that refuses us costs no
         // rendering, and at most one mail per connection is held rendered.
         let mail = mail.render().map_err(|e| super::unrenderable(self, &e))?;
@@ -143,7 +165,9 @@ impl SmtpProvider {
                     error.detail
                 );
                 drop(pooled);
+                *reached = false;
                 let mut fresh = self.connect().await?;
+                *reached = true;
                 let result = self.transaction(&mut fresh.connection, &mail).await;
                 self.finish(fresh, result).await
             }
@@ -202,7 +226,9 @@ impl SmtpProvider {
     }
 
     /// Opens a connection: greeting, `EHLO`, TLS as the settings say, and login; or fails
-    /// at once while the [breaker](breaker) pauses connecting.
+    /// at once while the [breaker](breaker) pauses connecting. Until the session is open
+    /// (the greeting and `EHLO` answered) a failure did not reach the server
+    /// ([`SendError::reached`]); STARTTLS and login come after and did.
     async fn connect(&self) -> Result<PooledConnection, SendError> {
         if let Gate::FailFast(error) = self.breaker.gate(Instant::now()) {
             return Err(error);
@@ -241,7 +267,7 @@ impl SmtpProvider {
                 Err(e) => Err(e),
             },
         }
-        .map_err(|e| self.report(e))?;
+        .map_err(|e| self.report(e).not_reached())?;
         tracing::debug!(server = %self.server, "connected");
         Ok(connection)
     }
@@ -436,7 +462,19 @@ impl fmt::Debug for SmtpProvider {
 
 impl Provider for SmtpProvider {
     fn send(&self, mail: Mail) -> BoxFuture<'_, Result<(), SendError>> {
-        Box::pin(self.send_mail(mail))
+        Box::pin(self.send_mail(mail, None))
+    }
+
+    fn send_within(&self, mail: Mail, limit: Duration) -> BoxFuture<'_, Result<(), SendError>> {
+        Box::pin(self.send_mail(mail, Some(limit)))
+    }
+
+    fn concurrency(&self) -> Option<NonZeroUsize> {
+        NonZeroUsize::new(self.settings.connections)
+    }
+
+    fn paused_until(&self) -> Option<Instant> {
+        self.breaker.paused_until()
     }
 }
 

@@ -138,6 +138,35 @@ fn worker_pod_fields_parse_as_kubernetes_types() {
 }
 
 #[test]
+fn the_request_size_limit_is_bytes_or_a_quantity_from_1ki_to_512mi() {
+    for (yaml, bytes) in [
+        ("{}", mailer_default()),
+        ("worker: {maxRequestSize: 32Mi}", 32 << 20),
+        ("worker: {maxRequestSize: 33554432}", 33_554_432),
+        ("worker: {maxRequestSize: '25M'}", 25_000_000),
+    ] {
+        assert_eq!(spec(yaml).worker.max_request_bytes(), Ok(bytes), "{yaml}");
+        assert!(problems(yaml).is_empty(), "{yaml}");
+    }
+    assert_eq!(
+        problems("worker: {maxRequestSize: 1Gi}"),
+        [
+            "spec.worker.maxRequestSize: \"1Gi\" is 1073741824 bytes (1 GiB); the limit must be from 1Ki to 512Mi"
+        ]
+    );
+    assert_eq!(
+        problems("worker: {maxRequestSize: 'ten megs'}"),
+        [
+            "spec.worker.maxRequestSize: \"ten megs\" is not a size: give bytes (33554432) or a quantity (32Mi, 25M)"
+        ]
+    );
+}
+
+fn mailer_default() -> usize {
+    crate::mail::DEFAULT_MAX_REQUEST_BYTES
+}
+
+#[test]
 fn both_connection_kinds_at_once_are_refused() {
     let found = problems("rabbitmq: {connectionSecret: {name: a}, clusterRef: {name: b}}");
     assert_eq!(

@@ -8,12 +8,14 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     Affinity, LocalObjectReference, ResourceRequirements, Toleration,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::SecretReference;
 use crate::mail;
+use crate::message::size::{self, LimitError};
 
 /// The workers that consume mail requests and send them.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
@@ -32,6 +34,13 @@ pub struct WorkerSpec {
     #[serde(default = "default_prefetch")]
     #[schemars(range(min = 1))]
     pub prefetch: u16,
+    /// The largest mail request the workers read, in bytes or as a quantity, e.g. `32Mi`
+    /// (1Ki to 512Mi; 10Mi when absent). A larger request is dead-lettered as `too-large`.
+    /// RabbitMQ refuses any message over its `max_message_size` (16 MiB by default on
+    /// RabbitMQ 4, 128 MiB on 3.x), which the operator cannot change: raise it on the
+    /// broker for larger requests. Each worker holds up to `prefetch` requests at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_request_size: Option<Quantity>,
     /// Where mail goes: a key of a Secret that holds the provider URL, e.g.
     /// `smtp://user:pass@smtp.example.com:587?tls=required`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -117,6 +126,7 @@ impl Default for WorkerSpec {
             replicas: default_replicas(),
             max_attempts: default_max_attempts(),
             prefetch: default_prefetch(),
+            max_request_size: None,
             provider: None,
             image: None,
             image_pull_policy: None,
@@ -131,6 +141,17 @@ impl Default for WorkerSpec {
             user_secret: None,
             autoscaling: None,
         }
+    }
+}
+
+impl WorkerSpec {
+    /// The largest request the workers read, in bytes: `maxRequestSize`, or the default.
+    pub fn max_request_bytes(&self) -> Result<usize, LimitError> {
+        self.max_request_size
+            .as_ref()
+            .map_or(Ok(mail::DEFAULT_MAX_REQUEST_BYTES), |size| {
+                size::parse_limit(&size.0)
+            })
     }
 }
 

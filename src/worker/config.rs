@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use crate::amqp::publish::confirm_deadline;
+
 /// How long a worker without a broker goes on connecting again by default: longer than a
 /// rolling restart of a cluster's nodes takes, so such a restart costs no worker restart.
 pub const DEFAULT_RECONNECT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -13,9 +15,10 @@ pub const DEFAULT_RECONNECT_TIMEOUT: Duration = Duration::from_secs(300);
 pub struct Timeouts {
     /// One attempt to connect to the broker.
     pub connect: Duration,
-    /// A publish's confirm, a cancel, a close.
+    /// A publish's confirm (plus an allowance for its size:
+    /// [`crate::amqp::publish::confirm_deadline`]), a cancel, a close.
     pub publish: Duration,
-    /// One send, the whole SMTP transaction.
+    /// One send, the whole SMTP transaction; not the wait for a free connection.
     pub send: Duration,
     /// Waiting for deliveries in flight when stopping.
     pub shutdown: Duration,
@@ -25,12 +28,26 @@ pub struct Timeouts {
 }
 
 impl Timeouts {
-    /// The longest one delivery can take when nothing hangs: its send, its park or
-    /// dead-letter publish and its ack, and some slack. A delivery in flight for longer
-    /// means the worker is stuck, and `/livez` says so.
-    pub fn longest_delivery(&self) -> Duration {
-        self.send + self.publish * 2 + Duration::from_secs(10)
+    /// The longest one delivery can take when nothing hangs: its send, after waiting for
+    /// `turns - 1` sends ahead of it (the deliveries a worker holds beyond the sends its
+    /// provider makes at once), its park or dead-letter publish of up to `largest_body`
+    /// bytes, its ack, and some slack. A delivery in flight for longer means the worker is
+    /// stuck, and `/livez` says so.
+    pub fn longest_delivery(&self, turns: u32, largest_body: usize) -> Duration {
+        self.send.saturating_mul(turns.max(1))
+            + confirm_deadline(self.publish, largest_body)
+            + self.publish
+            + Duration::from_secs(10)
     }
+}
+
+/// How many sends in a row a delivery may wait through, its own included: `prefetch`
+/// deliveries shared by a provider that makes `concurrency` sends at once (all at once
+/// when it sets no bound).
+pub fn send_turns(prefetch: u16, concurrency: Option<std::num::NonZeroUsize>) -> u32 {
+    let at_once = concurrency.map_or(usize::from(prefetch), std::num::NonZeroUsize::get);
+    let turns = usize::from(prefetch.max(1)).div_ceil(at_once);
+    u32::try_from(turns).unwrap_or(u32::MAX)
 }
 
 impl Default for Timeouts {
@@ -62,6 +79,29 @@ pub fn amqp_user(amqp_url: &str) -> Result<String, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_delivery_may_wait_for_the_sends_ahead_of_it_on_the_providers_connections() {
+        let four = std::num::NonZeroUsize::new(4);
+        assert_eq!(send_turns(16, four), 4);
+        assert_eq!(send_turns(17, four), 5);
+        assert_eq!(send_turns(2, four), 1);
+        assert_eq!(send_turns(16, None), 1);
+        let timeouts = Timeouts::default();
+        assert_eq!(
+            timeouts.longest_delivery(4, 1000),
+            Duration::from_secs(4 * 60 + 2 * 30 + 10)
+        );
+        assert_eq!(
+            timeouts.longest_delivery(0, 1000),
+            timeouts.longest_delivery(1, 1000)
+        );
+        assert_eq!(
+            timeouts.longest_delivery(1, 25 << 20),
+            Duration::from_secs(60 + 2 * 30 + 25 + 10),
+            "the publish of a 25 MiB request may take 25s more"
+        );
+    }
 
     #[test]
     fn bad_urls_are_named_without_their_password() {

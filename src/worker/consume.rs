@@ -15,6 +15,12 @@
 //! While the broker blocks the publishing connection (a memory or disk alarm) no new
 //! delivery is started and `/readyz` says not ready; acks keep flowing on the other
 //! connection.
+//!
+//! While the provider cannot be reached ([`Provider::paused_until`]: connecting to it
+//! keeps failing) no new delivery is started either, and `/readyz` says so: the backlog
+//! stays in the queue instead of being parked at the broker's speed. Each time the
+//! provider's pause is over, one delivery is taken while none is in flight: its send
+//! probes the provider, and when it connects the loop takes deliveries as usual again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,7 +32,7 @@ use lapin::options::BasicCancelOptions;
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
-use super::config::Timeouts;
+use super::config::{Timeouts, send_turns};
 use super::delivery::{SettleError, Shared, handle};
 use super::error::WorkerError;
 use super::links::{self, Events, LinkEvent, Links, Plan};
@@ -44,6 +50,9 @@ const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
 /// What `/readyz` says while publishing is blocked.
 const BLOCKED: &str =
     "the broker blocks publishing (a memory or disk alarm); no new delivery is started";
+/// What `/readyz` says while the provider is paused.
+const PROVIDER_PAUSED: &str = "the provider cannot be reached (connecting to it keeps failing); \
+     no new delivery is started but one at a time to probe it";
 
 /// What the consume loop needs, resolved and checked.
 pub struct Worker {
@@ -52,6 +61,8 @@ pub struct Worker {
     pub user: String,
     pub provider: Arc<dyn Provider>,
     pub max_attempts: u32,
+    /// The largest request body read; a larger one is dead-lettered as `too-large`.
+    pub max_request_bytes: usize,
     pub prefetch: u16,
     pub queue: String,
     pub retry_exchange: String,
@@ -98,6 +109,10 @@ impl InFlight {
                 None
             }
         })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
     }
 
     /// Whether every delivery in flight is younger than `bound`.
@@ -206,20 +221,27 @@ impl Worker {
                 self.timeouts.publish,
             ),
             max_attempts: self.max_attempts,
+            max_request_bytes: self.max_request_bytes,
             metrics: metrics.clone(),
             send_timeout: self.timeouts.send,
             settle_timeout: self.timeouts.publish,
         });
         let url = redact_url(&self.amqp_url);
         info!(broker = %url, queue = %self.queue, provider = %self.provider, prefetch = self.prefetch, "consuming");
-        let mut blocked = publish_connection.status().blocked();
-        set_blocked(health, metrics, blocked);
+        let mut holds = Holds {
+            blocked: publish_connection.status().blocked(),
+            provider_paused: self.provider.paused_until().is_some(),
+        };
+        holds.show(health, metrics);
 
         let mut in_flight = InFlight {
             tasks: JoinSet::new(),
             started: HashMap::new(),
         };
-        let bound = self.timeouts.longest_delivery();
+        let turns = send_turns(self.prefetch, self.provider.concurrency());
+        let bound = self
+            .timeouts
+            .longest_delivery(turns, self.max_request_bytes);
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
         let stop = loop {
             // A delivery older than any it could take means the loop no longer makes
@@ -227,6 +249,19 @@ impl Worker {
             if in_flight.progressing(bound) {
                 health.beat();
             }
+            let pause = self.provider.paused_until();
+            if pause.is_some() != holds.provider_paused {
+                holds.provider_paused = pause.is_some();
+                if holds.provider_paused {
+                    warn!(provider = %self.provider, "the provider cannot be reached: no new delivery is started but one at a time to probe it, each time its pause is over");
+                } else {
+                    info!(provider = %self.provider, "the provider answers again: taking deliveries");
+                }
+                holds.show(health, metrics);
+            }
+            let now = Instant::now();
+            let take = !holds.blocked && probe_due(pause, now, in_flight.is_empty());
+            let resume = pause.filter(|until| *until > now);
             tokio::select! {
                 biased;
                 () = shutdown.as_mut() => {
@@ -241,13 +276,13 @@ impl Worker {
                 Some(event) = publish_events.next() => match event {
                     LinkEvent::Blocked(reason) => {
                         warn!(%reason, "the broker blocks publishing; no new delivery is started until it unblocks");
-                        blocked = true;
-                        set_blocked(health, metrics, true);
+                        holds.blocked = true;
+                        holds.show(health, metrics);
                     }
                     LinkEvent::Unblocked => {
                         info!("the broker unblocked publishing");
-                        blocked = false;
-                        set_blocked(health, metrics, false);
+                        holds.blocked = false;
+                        holds.show(health, metrics);
                     }
                     LinkEvent::Lost(e) => break Stop::Failed(WorkerError::PublishLost(e)),
                 },
@@ -256,11 +291,13 @@ impl Worker {
                         break Stop::Failed(e.into());
                     }
                 }
-                next = consumer.next(), if !blocked => match next {
+                next = consumer.next(), if take => match next {
                     Some(Ok(delivery)) => in_flight.spawn(handle(delivery, shared.clone())),
                     Some(Err(e)) => break Stop::ConsumeLost(e),
                     None => break Stop::Failed(WorkerError::ConsumerCancelled { queue: self.queue.clone() }),
                 },
+                // The provider's pause is over: take a delivery to probe it.
+                () = tokio::time::sleep_until(resume.unwrap_or(now).into()), if resume.is_some() => {}
                 _ = heartbeat.tick() => {}
             }
         };
@@ -309,13 +346,35 @@ impl Worker {
     }
 }
 
-/// Marks the worker ready or not, as publishing is blocked or not.
-fn set_blocked(health: &Health, metrics: &WorkerMetrics, blocked: bool) {
-    metrics.set_blocked(blocked);
-    if blocked {
-        health.set_not_ready(BLOCKED);
-    } else {
-        health.set_ready(true);
+/// What keeps the loop from starting new deliveries, as `/readyz` and the gauges say.
+struct Holds {
+    /// The broker blocks the publishing connection.
+    blocked: bool,
+    /// The provider cannot be reached.
+    provider_paused: bool,
+}
+
+impl Holds {
+    /// Marks the worker ready or not, and sets the gauges.
+    fn show(&self, health: &Health, metrics: &WorkerMetrics) {
+        metrics.set_blocked(self.blocked);
+        metrics.set_provider_paused(self.provider_paused);
+        if self.blocked {
+            health.set_not_ready(BLOCKED);
+        } else if self.provider_paused {
+            health.set_not_ready(PROVIDER_PAUSED);
+        } else {
+            health.set_ready(true);
+        }
+    }
+}
+
+/// Whether the provider takes a delivery now: always while it is not paused; while it is,
+/// one at a time once its pause is over (`idle`: none is in flight), to probe it.
+fn probe_due(paused_until: Option<Instant>, now: Instant, idle: bool) -> bool {
+    match paused_until {
+        None => true,
+        Some(until) => until <= now && idle,
     }
 }
 
@@ -370,6 +429,50 @@ async fn close_all(connections: &[&Connection], timeout: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_paused_provider_takes_one_delivery_at_a_time_once_its_pause_is_over() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(1);
+        assert!(probe_due(None, now, false), "not paused: as many as come");
+        assert!(!probe_due(Some(later), now, true), "paused");
+        assert!(probe_due(Some(now), now, true), "the pause is over");
+        assert!(
+            !probe_due(Some(now - Duration::from_secs(1)), now, false),
+            "one probe at a time"
+        );
+    }
+
+    #[test]
+    fn readiness_says_what_holds_the_loop() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = WorkerMetrics::register(&mut registry);
+        let health = Health::new(Duration::from_secs(60));
+        let mut holds = Holds {
+            blocked: false,
+            provider_paused: true,
+        };
+        holds.show(&health, &metrics);
+        assert!(!health.is_ready());
+        assert!(
+            health
+                .not_ready_because()
+                .starts_with("the provider cannot be reached")
+        );
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("\nmailer_worker_provider_paused 1\n"),
+            "{text}"
+        );
+        holds.blocked = true;
+        holds.show(&health, &metrics);
+        assert_eq!(health.not_ready_because(), BLOCKED, "the alarm says more");
+        holds.blocked = false;
+        holds.provider_paused = false;
+        holds.show(&health, &metrics);
+        assert!(health.is_ready());
+    }
 
     #[tokio::test]
     async fn a_delivery_in_flight_longer_than_the_bound_is_no_progress() {

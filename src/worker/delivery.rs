@@ -21,16 +21,19 @@ use super::metrics::{OutcomeLabel, WorkerMetrics};
 use super::outcome::{Attempted, Outcome, decide};
 use super::park::Publisher;
 use crate::amqp::PublishError;
-use crate::message::{read_request, unique_id};
-use crate::provider::{ErrorClass, Provider};
+use crate::message::{read_request, size, unique_id};
+use crate::provider::Provider;
 
 /// State shared by every delivery's task.
 pub struct Shared {
     pub provider: Arc<dyn Provider>,
     pub publisher: Publisher,
     pub max_attempts: u32,
+    /// The largest request body read; a larger one is dead-lettered as `too-large`.
+    pub max_request_bytes: usize,
     pub metrics: Arc<WorkerMetrics>,
-    /// The deadline of one send, the whole SMTP transaction.
+    /// The deadline of one send, the whole SMTP transaction (not the wait for a free
+    /// connection: [`Provider::send_within`]).
     pub send_timeout: Duration,
     /// The deadline of an ack or a reject.
     pub settle_timeout: Duration,
@@ -141,6 +144,12 @@ async fn attempt(
         }
     };
     tracing::Span::current().record("attempt", attempt);
+    if let Err(e) = size::check(request.len(), shared.max_request_bytes) {
+        return Attempted::TooLarge {
+            attempt,
+            error: format!("{e} (MAIL_MAX_REQUEST_BYTES)"),
+        };
+    }
     let mail = match read_request(request, Some(message_id)) {
         Ok(mail) => mail,
         Err(e) => {
@@ -151,27 +160,26 @@ async fn attempt(
         }
     };
     let started = Instant::now();
-    let sent = tokio::time::timeout(shared.send_timeout, shared.provider.send(mail)).await;
+    let sent = shared.provider.send_within(mail, shared.send_timeout).await;
     shared.metrics.send_took(started.elapsed().as_secs_f64());
     match sent {
-        Ok(Ok(())) => Attempted::Sent,
-        Ok(Err(e)) => {
+        Ok(()) => Attempted::Sent,
+        Err(e) => {
             shared.metrics.provider_error(e.class().as_str());
-            let error = e.to_string();
             if e.is_for_good() {
-                Attempted::FailedForGood { attempt, error }
+                Attempted::FailedForGood {
+                    attempt,
+                    error: e.to_string(),
+                }
+            } else if !e.reached() {
+                debug!(error = %e, "the send did not reach the provider; its attempt does not count");
+                Attempted::NotReached { attempt }
             } else {
-                Attempted::FailedForNow { attempt, error }
+                Attempted::FailedForNow {
+                    attempt,
+                    error: e.to_string(),
+                }
             }
-        }
-        Err(_) => {
-            shared.metrics.provider_error(ErrorClass::Timeout.as_str());
-            let error = format!(
-                "{}: the send took longer than {} (MAIL_SEND_TIMEOUT)",
-                shared.provider,
-                humantime::format_duration(shared.send_timeout)
-            );
-            Attempted::FailedForNow { attempt, error }
         }
     }
 }

@@ -64,6 +64,7 @@ pub struct WorkerMetrics {
     send_duration: Histogram,
     in_flight: Gauge,
     blocked: Gauge,
+    provider_paused: Gauge,
     reconnects: Counter,
 }
 
@@ -77,6 +78,7 @@ impl WorkerMetrics {
             send_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             in_flight: Gauge::default(),
             blocked: Gauge::default(),
+            provider_paused: Gauge::default(),
             reconnects: Counter::default(),
         };
         let registry = registry.sub_registry_with_prefix("mailer_worker");
@@ -115,6 +117,11 @@ impl WorkerMetrics {
             "1 while the broker blocks the worker's publishing connection (a memory or disk alarm)",
             metrics.blocked.clone(),
         );
+        registry.register(
+            "provider_paused",
+            "1 while the provider cannot be reached and the worker takes no new delivery, but one at a time to probe it",
+            metrics.provider_paused.clone(),
+        );
         metrics
     }
 
@@ -147,6 +154,10 @@ impl WorkerMetrics {
 
     pub fn set_blocked(&self, blocked: bool) {
         self.blocked.set(i64::from(blocked));
+    }
+
+    pub fn set_provider_paused(&self, paused: bool) {
+        self.provider_paused.set(i64::from(paused));
     }
 
     /// One more loss of the broker connection, connected again.

@@ -11,10 +11,16 @@ pub enum Attempted {
     MalformedAttempt { error: String },
     /// The body is not a valid mail request.
     MalformedRequest { attempt: u32, error: String },
+    /// The body is larger than the worker's limit.
+    TooLarge { attempt: u32, error: String },
     /// The provider refused it for good (e.g. an SMTP 5xx).
     FailedForGood { attempt: u32, error: String },
-    /// It failed for now (e.g. an SMTP 4xx, a refused connection, a timeout).
+    /// It failed for now after reaching the provider (e.g. an SMTP 4xx, a connection
+    /// cut mid-session, a timeout once a session was open).
     FailedForNow { attempt: u32, error: String },
+    /// It failed for now before reaching the provider (e.g. a refused connection, no
+    /// greeting, connecting paused): nobody saw the mail, so this was no attempt.
+    NotReached { attempt: u32 },
 }
 
 /// What the worker does with the delivery before acknowledging it.
@@ -33,9 +39,10 @@ pub enum Outcome {
     },
 }
 
-/// The outcome table of the design: sent is acked; malformed and refused-for-good are
-/// dead-lettered at once; failed-for-now is parked until `max_attempts` is reached, then
-/// given up.
+/// The outcome table of the design: sent is acked; malformed, too large and
+/// refused-for-good are dead-lettered at once; failed-for-now is parked until `max_attempts` is reached, then
+/// given up. Attempts count sends that reached the provider: one that did not is parked
+/// with its attempt unchanged, whatever it is, and so is never given up.
 pub fn decide(attempted: Attempted, max_attempts: u32) -> Outcome {
     match attempted {
         Attempted::Sent => Outcome::Ack,
@@ -46,6 +53,11 @@ pub fn decide(attempted: Attempted, max_attempts: u32) -> Outcome {
         },
         Attempted::MalformedRequest { attempt, error } => Outcome::DeadLetter {
             reason: DeadReason::Malformed,
+            attempts: attempt,
+            error,
+        },
+        Attempted::TooLarge { attempt, error } => Outcome::DeadLetter {
+            reason: DeadReason::TooLarge,
             attempts: attempt,
             error,
         },
@@ -62,7 +74,10 @@ pub fn decide(attempted: Attempted, max_attempts: u32) -> Outcome {
             }
         }
         Attempted::FailedForNow { attempt, .. } => Outcome::Park {
-            next_attempt: attempt + 1,
+            next_attempt: attempt.saturating_add(1),
+        },
+        Attempted::NotReached { attempt } => Outcome::Park {
+            next_attempt: attempt,
         },
     }
 }
@@ -94,6 +109,17 @@ mod tests {
                 },
                 Outcome::DeadLetter {
                     reason: DeadReason::Malformed,
+                    attempts: 2,
+                    error: e(),
+                },
+            ),
+            (
+                Attempted::TooLarge {
+                    attempt: 2,
+                    error: e(),
+                },
+                Outcome::DeadLetter {
+                    reason: DeadReason::TooLarge,
                     attempts: 2,
                     error: e(),
                 },
@@ -149,6 +175,24 @@ mod tests {
         for (attempted, expected) in cases {
             assert_eq!(decide(attempted.clone(), 5), expected, "{attempted:?}");
         }
+    }
+
+    #[test]
+    fn a_send_that_never_reached_the_provider_keeps_its_attempt_and_is_never_given_up() {
+        for attempt in [1, 4, 5, 9] {
+            assert_eq!(
+                decide(Attempted::NotReached { attempt }, 5),
+                Outcome::Park {
+                    next_attempt: attempt
+                },
+                "attempt {attempt}"
+            );
+        }
+        assert_eq!(
+            decide(Attempted::NotReached { attempt: 1 }, 1),
+            Outcome::Park { next_attempt: 1 },
+            "not even when one attempt is allowed"
+        );
     }
 
     #[test]

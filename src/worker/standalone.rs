@@ -49,6 +49,7 @@ pub async fn prepare(
         amqp_url,
         provider: crate::provider::from_url_with(provider_url, provider_ca_file)?,
         max_attempts: spec.worker.max_attempts,
+        max_request_bytes: spec.worker.max_request_bytes()?,
         prefetch: spec.worker.prefetch,
         queue: t.queue.clone(),
         retry_exchange: t.retry_exchange.clone(),

@@ -234,11 +234,6 @@ pub fn smtp_url(smtp: &SmtpServer) -> String {
     format!("smtp://127.0.0.1:{}?tls=none", smtp.port)
 }
 
-/// A provider that refuses every connection: every send fails for now.
-pub fn outage_url() -> String {
-    format!("smtp://127.0.0.1:{}?tls=none&timeout=2s", closed_port())
-}
-
 pub fn request(to: &[&str]) -> Vec<u8> {
     serde_json::to_vec(&json!({
         "from": "Shop <noreply@shop.example>",

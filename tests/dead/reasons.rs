@@ -218,7 +218,7 @@ async fn bad_input_gets_one_clear_line() {
                 &vhost_url,
             ],
             2,
-            "use one of malformed, gave-up, rejected, delivery_limit, expired, maxlen",
+            "use one of malformed, gave-up, rejected, too-large, delivery_limit, expired, maxlen",
         ),
         (
             vec![

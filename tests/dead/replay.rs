@@ -8,13 +8,15 @@ use std::time::Duration;
 
 use lapin::types::FieldTable;
 
-use crate::harness::{DEAD_QUEUE, Pipeline, SEND_QUEUE, ids, outage_url, request, smtp_url};
+use crate::harness::{DEAD_QUEUE, Pipeline, SEND_QUEUE, ids, request, smtp_url};
 use crate::support::process::{eventually, exit_within, signal, start_worker, stop_worker};
 use crate::support::smtp::SmtpServer;
 
-/// Makes `n` requests that are given up at once, their provider being down.
+/// Makes `n` requests that are given up at once (one attempt allowed), their provider
+/// refusing every mail for now. (One that cannot be reached gives nothing up.)
 async fn gave_up_in_an_outage(
     p: &Pipeline,
+    busy: &SmtpServer,
     prefix: &str,
     n: usize,
     dead_before: u32,
@@ -24,7 +26,7 @@ async fn gave_up_in_an_outage(
         p.send(id, &request(&["ok@example.com"]), FieldTable::default())
             .await;
     }
-    p.work_until_dead(&outage_url(), 1, dead_before + n as u32)
+    p.work_until_dead(&smtp_url(busy), 1, dead_before + n as u32)
         .await;
     ids
 }
@@ -49,7 +51,8 @@ async fn replay_sends_only_the_gave_up_ones_through_a_running_worker() {
     )
     .await;
     p.work_until_dead(&smtp_url(&smtp), 5, 2).await;
-    let gave_up = gave_up_in_an_outage(&p, "g", 5, 2).await;
+    let busy = SmtpServer::start_busy();
+    let gave_up = gave_up_in_an_outage(&p, &busy, "g", 5, 2).await;
     let before = p.listed(&[]);
     assert_eq!(before.len(), 7);
 
@@ -68,7 +71,7 @@ async fn replay_sends_only_the_gave_up_ones_through_a_running_worker() {
 
     // Replayed while the outage lasts, a request is taken as new (attempt 1 of 1) and
     // dies again, one replay more.
-    let worker = start_worker(&p.vhost.amqp_url(), &outage_url(), 1);
+    let worker = start_worker(&p.vhost.amqp_url(), &smtp_url(&busy), 1);
     let (code, out, err) = p.dead(&["replay", "--message-id", "g-000"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(
@@ -125,7 +128,8 @@ async fn replay_killed_mid_way_and_run_again_loses_nothing() {
     const N: usize = 200;
     let smtp = SmtpServer::start();
     let p = Pipeline::new("replay-kill").await;
-    let published = gave_up_in_an_outage(&p, "k", N, 0).await;
+    let busy = SmtpServer::start_busy();
+    let published = gave_up_in_an_outage(&p, &busy, "k", N, 0).await;
     let worker = start_worker(&p.vhost.amqp_url(), &smtp_url(&smtp), 5);
 
     let mut replay = p

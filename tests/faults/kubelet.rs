@@ -91,17 +91,20 @@ impl Kubelet {
     /// The deliveries the worker running now has parked (its `/metrics`; 0 when nothing
     /// answers).
     pub fn parked(&self) -> usize {
+        self.sample("mailer_worker_deliveries_total{outcome=\"parked\"}") as usize
+    }
+
+    /// The series named `series` (labels included) of the worker running now's
+    /// `/metrics`; 0 when it has none or nothing answers.
+    pub fn sample(&self, series: &str) -> f64 {
         let Some((200, metrics)) = http_get(self.http_port, "/metrics") else {
-            return 0;
+            return 0.0;
         };
+        let prefix = format!("{series} ");
         metrics
             .lines()
-            .filter(|line| {
-                line.starts_with("mailer_worker_deliveries_total{")
-                    && line.contains("outcome=\"parked\"")
-            })
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as usize
+            .find_map(|line| line.strip_prefix(prefix.as_str())?.trim().parse().ok())
+            .unwrap_or(0.0)
     }
 
     /// Stops the worker running now with SIGTERM, as a rollout does.

@@ -94,7 +94,8 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Applies the default topology with a retry delay of 1s and `topology` on top.
+    /// Applies the default topology with a retry delay of 1s (unless `topology` sets
+    /// one) and `topology` on top.
     pub async fn new(fault: &str, topology: &str) -> Self {
         let pipeline = Self {
             vhost: format!("mailer-fault-{fault}-{}", std::process::id()),
@@ -107,14 +108,17 @@ impl Pipeline {
     /// Applies (or repairs) the pipeline's topology.
     pub async fn apply(&self) {
         let node = Node::get();
-        let extra = if self.topology.is_empty() {
-            String::new()
-        } else {
-            format!(", {}", self.topology)
-        };
+        let mut fields = Vec::new();
+        if !self.topology.contains("retryDelay:") {
+            fields.push("retryDelay: 1s");
+        }
+        if !self.topology.is_empty() {
+            fields.push(&self.topology);
+        }
         let spec: mailer::spec::MailerPipelineSpec = serde_yaml::from_str(&format!(
-            "rabbitmq: {{vhost: {}}}\ntopology: {{retryDelay: 1s{extra}}}",
-            self.vhost
+            "rabbitmq: {{vhost: {}}}\ntopology: {{{}}}",
+            self.vhost,
+            fields.join(", ")
         ))
         .expect("a valid pipeline");
         let desired = Topology::desired(&spec.rabbitmq.vhost, &spec.topology, node.capabilities())
@@ -145,8 +149,51 @@ impl Pipeline {
         let _ = connection.close(200, "deleted".into()).await;
     }
 
+    /// Declares `queue` and binds it to the retry exchange beside the delay queue, so it
+    /// gets a copy of every park.
+    pub async fn copy_parks_to(&self, queue: &str) {
+        let connection = self.connect().await;
+        let channel = connection.create_channel().await.expect("channel");
+        channel
+            .queue_declare(queue.into(), Default::default(), Default::default())
+            .await
+            .expect("declare the copy queue");
+        channel
+            .queue_bind(
+                queue.into(),
+                "mail.retry".into(),
+                "mail.send".into(),
+                Default::default(),
+                Default::default(),
+            )
+            .await
+            .expect("bind it to the retry exchange");
+        let _ = connection.close(200, "bound".into()).await;
+    }
+
+    /// Takes every message of `queue`: its message id and its `x-mail-attempt`.
+    pub async fn take_attempts(&self, queue: &str) -> Vec<(String, Option<i64>)> {
+        self.take(queue, |headers| {
+            match headers?.inner().get("x-mail-attempt")? {
+                AMQPValue::LongLongInt(n) => Some(*n),
+                _ => None,
+            }
+        })
+        .await
+    }
+
     /// Takes every message of `queue`: its message id and why it died, if it did.
     pub async fn take_all(&self, queue: &str) -> Vec<(String, Option<String>)> {
+        self.take(queue, dead_reason).await
+    }
+
+    /// Takes every message of `queue`: its message id and what `read` makes of its
+    /// headers.
+    async fn take<T>(
+        &self,
+        queue: &str,
+        read: impl Fn(Option<&lapin::types::FieldTable>) -> T,
+    ) -> Vec<(String, T)> {
         let connection = self.connect().await;
         let channel = connection.create_channel().await.expect("channel");
         let mut taken = Vec::new();
@@ -172,7 +219,7 @@ impl Pipeline {
                 .as_ref()
                 .map(|id| id.to_string())
                 .unwrap_or_default();
-            taken.push((id, dead_reason(properties.headers().as_ref())));
+            taken.push((id, read(properties.headers().as_ref())));
             message
                 .delivery
                 .acker

@@ -28,6 +28,7 @@ impl InProcess {
             user: "guest".into(),
             provider,
             max_attempts: 5,
+            max_request_bytes: mailer::mail::DEFAULT_MAX_REQUEST_BYTES,
             prefetch,
             queue: "mail.send".into(),
             retry_exchange: "mail.retry".into(),

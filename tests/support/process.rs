@@ -48,7 +48,19 @@ pub fn stop_worker(mut worker: Child) {
 }
 
 /// Polls `check` until it gives a value, at most `seconds`.
-pub async fn eventually<T, F, Fut>(seconds: u64, what: &str, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(seconds: u64, what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    match within(seconds, check).await {
+        Some(found) => found,
+        None => panic!("timed out after {seconds}s waiting for {what}"),
+    }
+}
+
+/// Polls `check` until it gives a value, at most `seconds`; `None` if it never did.
+pub async fn within<T, F, Fut>(seconds: u64, mut check: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -56,12 +68,11 @@ where
     let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
     loop {
         if let Some(found) = check().await {
-            return found;
+            return Some(found);
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {seconds}s waiting for {what}"
-        );
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -53,6 +53,12 @@ impl SmtpServer {
         Self::start_with(port, mail_dir, &[])
     }
 
+    /// Starts a server that takes every session and refuses every mail for now (451 to
+    /// `MAIL FROM`): sends reach it, and fail.
+    pub fn start_busy() -> Self {
+        Self::start_with(0, TempDir::new("smtp"), &[Path::new("busy")])
+    }
+
     /// Starts a server that speaks TLS: `tls` is `["starttls" | "implicit", CERT, KEY]`.
     pub fn start_tls(tls: [&Path; 3]) -> Self {
         Self::start_with(0, TempDir::new("smtp"), &tls)
@@ -97,12 +103,17 @@ impl SmtpServer {
 
     /// Stops this server and starts another on the same port with the same directory,
     /// so connections to the first one are gone.
-    pub fn restart(mut self) -> Self {
-        self.stop();
-        let port = self.port;
-        let mail_dir = TempDir(std::mem::take(&mut self.mail_dir.0));
-        drop(self);
+    pub fn restart(self) -> Self {
+        let (port, mail_dir) = self.kill();
         Self::start_on(port, mail_dir)
+    }
+
+    /// Kills this server (its sessions are reset, connections to its port refused) and
+    /// gives back its port and directory, to start another with later
+    /// ([`SmtpServer::start_on`]).
+    pub fn kill(mut self) -> (u16, TempDir) {
+        self.stop();
+        (self.port, TempDir(std::mem::take(&mut self.mail_dir.0)))
     }
 
     pub fn stop(&mut self) {

@@ -21,8 +21,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::controller::error::Error;
-use crate::controller::kube::quantity;
 use crate::controller::objects::meta::FIELD_MANAGER;
+use crate::quantity;
 use crate::spec::MailerPipeline;
 
 /// Whether every field of `desired` is in `live` with the same value. Objects may have

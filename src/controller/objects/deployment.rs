@@ -110,6 +110,10 @@ pub fn desired_deployment(
         ),
         plain_env("MAIL_LOG_FORMAT", "json".to_string()),
     ]);
+    // Only when set, so a pipeline without it rolls no worker when this field came.
+    if let Some(size) = &worker.max_request_size {
+        env.push(plain_env("MAIL_MAX_REQUEST_BYTES", size.0.clone()));
+    }
 
     let provider_ca = worker
         .provider
@@ -364,6 +368,25 @@ mod tests {
                 ("MAIL_SHUTDOWN_TIMEOUT".to_string(), json!("110s")),
                 ("MAIL_LOG_FORMAT".to_string(), json!("json")),
             ]
+        );
+    }
+
+    #[test]
+    fn the_request_size_limit_is_passed_only_when_the_spec_sets_it() {
+        let size = |d: &Value| {
+            env(d)
+                .into_iter()
+                .find(|(name, _)| name == "MAIL_MAX_REQUEST_BYTES")
+                .map(|(_, value)| value)
+        };
+        assert_eq!(size(&deployment("{}")), None, "the worker's default");
+        assert_eq!(
+            size(&deployment("worker: {maxRequestSize: 32Mi}")),
+            Some(json!("32Mi"))
+        );
+        assert_eq!(
+            size(&deployment("worker: {maxRequestSize: 33554432}")),
+            Some(json!("33554432"))
         );
     }
 

@@ -5,13 +5,16 @@
 //! spend a connection attempt, up to the timeout, only to fail for now. After
 //! [`FAILURES_BEFORE_PAUSE`] failed connects in a row the breaker pauses connecting: a
 //! send that needs a new connection fails for now at once, with the last connect's
-//! error, so its request is parked with its next attempt exactly as if it had tried. Once
-//! the pause is over one send tries again (the others keep failing fast meanwhile); if it
-//! connects, sending resumes, else the pause doubles, up to [`LONGEST_PAUSE`].
+//! error, and did not reach the server ([`SendError::reached`]), so its request is parked
+//! with its attempt unchanged. Once the pause is over one send tries again (the others
+//! keep failing fast meanwhile); if it connects, sending resumes, else the pause doubles,
+//! up to [`LONGEST_PAUSE`].
 //!
-//! A pause is short beside the delay queue's 5 minutes, so a server that comes back is
-//! used again within seconds; what a pause saves is the worker's time and the server's
-//! backlog while it is down. Connections already open are still used.
+//! The provider says when the pause ends ([`crate::provider::Provider::paused_until`]): the
+//! worker takes no delivery while it lasts, and one at a time once it is over, so that one
+//! send probes the server and the backlog stays in its queue. A pause is short beside the
+//! delay queue's 5 minutes, so a server that comes back is used again within seconds.
+//! Connections already open are still used.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -89,19 +92,27 @@ impl ConnectBreaker {
         let pause = pause_after(state.failures_in_row);
         let was_paused = state.paused_until.is_some();
         state.paused_until = Some(now + pause);
-        state.fail_fast = Some(SendError::for_now(
-            error.class(),
-            format!(
-                "{error} (connecting failed {} times in a row: not trying again for up to {})",
-                state.failures_in_row,
-                humantime::format_duration(pause)
-            ),
-        ));
+        state.fail_fast = Some(
+            SendError::for_now(
+                error.class(),
+                format!(
+                    "{error} (connecting failed {} times in a row: not trying again for up to {})",
+                    state.failures_in_row,
+                    humantime::format_duration(pause)
+                ),
+            )
+            .not_reached(),
+        );
         if was_paused {
             Tripped::No
         } else {
             Tripped::Paused(pause)
         }
+    }
+
+    /// While connecting is paused, when the pause ends (or ended: the next send tries).
+    pub(super) fn paused_until(&self) -> Option<Instant> {
+        self.lock().paused_until
     }
 
     /// A connect succeeded: sends connect as usual again. True when that ends a pause.
@@ -214,9 +225,14 @@ mod tests {
             Tripped::Paused(FIRST_PAUSE)
         );
 
+        assert_eq!(breaker.paused_until(), Some(start + FIRST_PAUSE));
         let error = fail_fast(breaker.gate(start + Duration::from_millis(999)));
         assert_eq!(error.failure(), Failure::ForNow);
         assert_eq!(error.class(), ErrorClass::Connect);
+        assert!(
+            !error.reached(),
+            "a send failing fast never reached the server"
+        );
         assert_eq!(
             error.message(),
             "127.0.0.1:2525: connecting: Connection refused (os error 111) \
@@ -237,7 +253,10 @@ mod tests {
     #[test]
     fn after_a_pause_one_send_tries_while_the_others_keep_failing_fast() {
         let (breaker, over) = paused();
+        assert_eq!(breaker.paused_until(), Some(over));
         assert_eq!(breaker.gate(over), Gate::Connect, "the probe");
+        // The others wait while it tries.
+        assert_eq!(breaker.paused_until(), Some(over + FIRST_PAUSE));
         fail_fast(breaker.gate(over));
         fail_fast(breaker.gate(over + Duration::from_millis(500)));
 
@@ -249,6 +268,7 @@ mod tests {
         // The next probe connects: everyone connects again, and a new run of failures
         // starts from nothing.
         assert!(breaker.connected());
+        assert_eq!(breaker.paused_until(), None);
         assert_eq!(breaker.gate(over + FIRST_PAUSE * 2), Gate::Connect);
         assert!(!breaker.connected());
         assert_eq!(breaker.failed(over, &refused()), Tripped::No);

@@ -1,14 +1,26 @@
-//! Kubernetes quantities (`500m`, `0.5`, `1Gi`, `1e3`) compared by value.
+//! Kubernetes quantities (`500m`, `0.5`, `1Gi`, `1e3`) compared by value, and read as a
+//! number of bytes.
 //!
 //! The API server stores a quantity in its canonical form: `cpu: 0.5` reads back as
 //! `500m`, `memory: 1024Mi` as `1Gi`. Comparing what the operator would apply with what
 //! it reads back must treat those as equal, or every pass would re-apply and report
-//! drift that is not there.
+//! drift that is not there. A size (`spec.worker.maxRequestSize`, `MAIL_MAX_REQUEST_BYTES`)
+//! is a quantity too: `32Mi`, `25M` or `33554432`.
 
 /// Whether `a` and `b` are quantities of the same value; `None` when either is not a
 /// quantity this can read exactly (then compare them as text).
 pub fn same_value(a: &str, b: &str) -> Option<bool> {
     Some(nanos(a)? == nanos(b)?)
+}
+
+/// The whole, non-negative number of bytes a quantity says, e.g. `32Mi` is 33554432;
+/// `None` for what is not a quantity, a fraction of a byte, or a negative size.
+pub fn bytes(text: &str) -> Option<u64> {
+    let nanos = nanos(text)?;
+    if nanos % 1_000_000_000 != 0 {
+        return None;
+    }
+    u64::try_from(nanos / 1_000_000_000).ok()
 }
 
 /// The quantity's value in billionths (the finest unit Kubernetes keeps), when exact.
@@ -95,6 +107,19 @@ mod tests {
                 "{written} {stored}"
             );
         }
+    }
+
+    #[test]
+    fn sizes_are_whole_bytes() {
+        assert_eq!(bytes("32Mi"), Some(32 * 1024 * 1024));
+        assert_eq!(bytes("33554432"), Some(33_554_432));
+        assert_eq!(bytes("25M"), Some(25_000_000));
+        assert_eq!(bytes("1.5Ki"), Some(1536));
+        assert_eq!(bytes("0"), Some(0));
+        assert_eq!(bytes("1500m"), None, "a byte and a half");
+        assert_eq!(bytes("-1Mi"), None);
+        assert_eq!(bytes("10 MiB"), None);
+        assert_eq!(bytes(""), None);
     }
 
     #[test]
