@@ -1,7 +1,7 @@
 //! The controller at scale: `cargo bench --bench controller` (add `--profile dev` to skip
 //! the release build).
 //!
-//! It fills the test API server (`tests/controller/fake_api`, served over HTTP) with
+//! It fills the test API server (`testkit/src/fake_api`, served over HTTP) with
 //! `MAILER_BENCH_PIPELINES` pipelines (1000) in the namespace `bench` and
 //! `MAILER_BENCH_SECRETS` unrelated Secrets (10000, 4 KiB of data each, labelled like
 //! Helm's release Secrets) spread over ten other namespaces, and runs `mailer controller
@@ -35,15 +35,6 @@
 //!
 //! The controller runs as shipped: no environment variable tunes its allocator.
 
-#[path = "../../tests/controller/fake_api/mod.rs"]
-pub mod fake_api;
-#[path = "../../tests/topology/many.rs"]
-pub mod many;
-#[path = "../../tests/topology/proxy.rs"]
-pub mod proxy;
-#[path = "../../tests/controller/reconciles.rs"]
-mod reconciles;
-
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
@@ -52,8 +43,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
-use fake_api::FakeApi;
-use proxy::Proxy;
+use mailer_testkit::fake_api::FakeApi;
+use mailer_testkit::management_proxy::Proxy;
 
 /// The target of issues 11 and 12, in MiB.
 const MEMORY_TARGET_MIB: f64 = 64.0;
@@ -164,8 +155,9 @@ async fn fill(fake: &FakeApi, sizes: &Sizes, broker: Option<&Proxy>) -> String {
     for i in 0..sizes.pipelines {
         let name = format!("shop-{i}");
         let vhost = format!("{VHOST_PREFIX}{}", i % sizes.vhosts);
-        let mut spec: Value = serde_yaml::from_str(&many::pipeline_spec_yaml(&vhost, i))
-            .unwrap_or_else(|_| json!({"rabbitmq": {"vhost": vhost}}));
+        let mut spec: Value =
+            serde_yaml::from_str(&mailer_testkit::many::pipeline_spec_yaml(&vhost, i))
+                .unwrap_or_else(|_| json!({"rabbitmq": {"vhost": vhost}}));
         let connection = if broker.is_some() { "conn" } else { "missing" };
         spec["rabbitmq"]["connectionSecret"] = json!({"name": connection});
         spec["worker"] = json!({"userSecret": {"name": "user"}, "replicas": 0});
@@ -236,7 +228,7 @@ impl Controller {
         let Ok(body) = async { reqwest::get(&self.metrics).await?.text().await }.await else {
             return (0, 0);
         };
-        reconciles::reconciles_in(&body)
+        mailer_testkit::reconciles::reconciles_in(&body)
     }
 
     /// Waits until it has counted `n` more reconciles than `before`, sampling its
@@ -399,8 +391,8 @@ async fn measure(sizes: &Sizes, broker: Option<&(Proxy, &str)>) -> Result<()> {
 }
 
 type Taken = (
-    Vec<fake_api::Recorded>,
-    Option<(Vec<proxy::Recorded>, usize)>,
+    Vec<mailer_testkit::fake_api::Recorded>,
+    Option<(Vec<mailer_testkit::management_proxy::Recorded>, usize)>,
 );
 
 fn report(what: &str, (kubernetes, management): Taken, reconciles: u64, pipelines: usize) {

@@ -27,9 +27,6 @@
 //! - `MAILER_BENCH_TOPOLOGY_IMPORT=0`: no bulk import (4.): on RabbitMQ 4.0 the import of
 //!   1,000 pipelines' objects in one request takes longer than the rest of the bench.
 
-#[path = "../../tests/topology/many.rs"]
-mod many;
-
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -41,7 +38,7 @@ use rabbitmq_http_client::api::Client;
 use rabbitmq_http_client::requests::VirtualHostParams;
 use serde_json::{Value, json};
 
-use many::OBJECTS_PER_PIPELINE;
+use mailer_testkit::many::OBJECTS_PER_PIPELINE;
 
 /// Objects per second the first apply should reach.
 const FIRST_APPLY_TARGET: f64 = 300.0;
@@ -273,7 +270,7 @@ async fn run_round(c: &Contenders<'_>, n: usize, apply_first: bool) -> Result<Ro
 /// vhost of its own; then checked by a second apply through the management API.
 async fn declared_apply(c: &Contenders<'_>, n: usize) -> Result<Duration> {
     let vhost = BenchVhost::create(c.api_base, "declared", n).await?;
-    let topologies = many::topologies(&vhost.name, 0..n, c.capabilities);
+    let topologies = mailer_testkit::many::topologies(&vhost.name, 0..n, c.capabilities);
     let management = Management::new(c.endpoint)?;
     let started = Instant::now();
     let plans = topology::apply_all_declaring(&management, Some(c.declarer), &topologies).await?;
@@ -301,7 +298,7 @@ async fn applies(
     n: usize,
 ) -> Result<Round> {
     let vhost = BenchVhost::create(api_base, "apply", n).await?;
-    let topologies = many::topologies(&vhost.name, 0..n, capabilities);
+    let topologies = mailer_testkit::many::topologies(&vhost.name, 0..n, capabilities);
     let (first_apply, first_writes) = first_apply(endpoint, &topologies).await?;
 
     let second = Management::new(endpoint)?;
@@ -356,7 +353,7 @@ async fn import(api_base: &str, n: usize, capabilities: BrokerCapabilities) -> R
     let made = BenchVhost::create(api_base, "import", n).await?;
     let vhost = made.name.as_str();
     let api = Client::new(api_base, "guest", "guest");
-    let definitions = definitions(&many::topologies(vhost, 0..n, capabilities));
+    let definitions = definitions(&mailer_testkit::many::topologies(vhost, 0..n, capabilities));
     let started = Instant::now();
     api.import_vhost_definitions(vhost, definitions)
         .await

@@ -51,7 +51,7 @@ impl SmtpSink {
     }
 
     fn start_aiosmtpd(mail_dir: PathBuf) -> Result<Self> {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smtp_server.py");
+        let script = mailer_testkit::repo_root().join("tests/smtp_server.py");
         let mut child = Command::new("python3")
             .arg(&script)
             .arg("0")

@@ -3,12 +3,13 @@
 
 use std::process::Command;
 
-use crate::render::{parse_documents, root};
+use crate::render::parse_documents;
+use mailer_testkit::repo_root;
 
 #[test]
 fn deploy_operator_yaml_is_the_charts_render() {
     let output = Command::new("python3")
-        .arg(root().join("tests/render_chart.py"))
+        .arg(repo_root().join("tests/render_chart.py"))
         .arg("deploy")
         .output()
         .expect("python3 runs tests/render_chart.py");
@@ -18,8 +19,8 @@ fn deploy_operator_yaml_is_the_charts_render() {
         String::from_utf8_lossy(&output.stderr)
     );
     let rendered = String::from_utf8(output.stdout).expect("UTF-8");
-    let checked_in =
-        std::fs::read_to_string(root().join("deploy/operator.yaml")).expect("deploy/operator.yaml");
+    let checked_in = std::fs::read_to_string(repo_root().join("deploy/operator.yaml"))
+        .expect("deploy/operator.yaml");
     assert!(
         rendered == checked_in,
         "deploy/operator.yaml differs from the chart's render: run `make manifests`"

@@ -11,8 +11,9 @@ use mailer::spec::MailerPipeline;
 use serde_json::{Value, json};
 
 use crate::EVERYTHING_ON;
-use crate::render::{NAMESPACE, all_of, chart_dir, named, one, rejected, root, template};
-use crate::support::metrics::{families, series_names};
+use crate::render::{NAMESPACE, all_of, chart_dir, named, one, rejected, template};
+use mailer_testkit::metrics::{families, series_names};
+use mailer_testkit::repo_root;
 
 fn promtool(args: &[&str], dir: &Path) -> String {
     let output = Command::new("promtool")
@@ -241,7 +242,7 @@ fn the_alerts_pass_promtool_and_their_unit_tests() {
     )
     .unwrap();
     std::fs::copy(
-        root().join("tests/chart/alerts.test.yaml"),
+        repo_root().join("tests/chart/alerts.test.yaml"),
         dir.join("alerts.test.yaml"),
     )
     .expect("the unit tests");
@@ -251,7 +252,7 @@ fn the_alerts_pass_promtool_and_their_unit_tests() {
 
     // Every alert has a unit test, a severity and a runbook section that exists.
     let tests = std::fs::read_to_string(dir.join("alerts.test.yaml")).unwrap();
-    let runbook = std::fs::read_to_string(root().join("docs/operations.md")).expect("runbook");
+    let runbook = std::fs::read_to_string(repo_root().join("docs/operations.md")).expect("runbook");
     let known = known_series();
     for alert in alerts(&rules) {
         let name = alert["alert"].as_str().expect("an alerting rule");

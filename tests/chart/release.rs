@@ -11,12 +11,13 @@ use std::process::{Command, Output, Stdio};
 use mailer::cli::controller::{DEFAULT_WORKER_IMAGE, IMAGE_REPOSITORY};
 use serde_json::Value;
 
-use crate::render::{chart_dir, root};
+use crate::render::chart_dir;
+use mailer_testkit::repo_root;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 fn read(path: &str) -> String {
-    std::fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+    std::fs::read_to_string(repo_root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 fn yaml(path: &str) -> Value {
@@ -35,7 +36,7 @@ fn text(output: &Output) -> String {
 fn tracked_files() -> Vec<String> {
     let output = Command::new("git")
         .args(["ls-files", "-z"])
-        .current_dir(root())
+        .current_dir(repo_root())
         .output()
         .expect("git runs");
     assert!(output.status.success(), "{}", text(&output));
@@ -93,7 +94,7 @@ fn the_crate_the_chart_and_the_image_are_one_version() {
     // `make image` tags what it builds with the crate's version.
     let make = Command::new("make")
         .args(["--no-print-directory", "-n", "image"])
-        .current_dir(root())
+        .current_dir(repo_root())
         .output()
         .expect("make runs");
     assert!(make.status.success(), "{}", text(&make));
@@ -119,7 +120,7 @@ fn the_crate_the_chart_and_the_image_are_one_version() {
         if path == "CHANGELOG.md" {
             continue;
         }
-        let Ok(text) = std::fs::read_to_string(root().join(&path)) else {
+        let Ok(text) = std::fs::read_to_string(repo_root().join(&path)) else {
             continue; // not text
         };
         for (line, tag) in image_versions(&text) {
@@ -179,14 +180,14 @@ fn release_version(dir: &Path, tag: &str) -> Output {
 #[test]
 fn a_tag_is_released_only_at_the_version_of_the_crate_the_chart_and_the_changelog() {
     let tag = format!("v{VERSION}");
-    let output = release_version(&root(), &tag);
+    let output = release_version(&repo_root(), &tag);
     assert!(output.status.success(), "{}", text(&output));
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
         format!("{VERSION}\n")
     );
 
-    let output = release_version(&root(), VERSION);
+    let output = release_version(&repo_root(), VERSION);
     assert!(!output.status.success(), "a tag without its v");
     assert!(text(&output).contains("is not vX.Y.Z"), "{}", text(&output));
 
@@ -198,7 +199,7 @@ fn a_tag_is_released_only_at_the_version_of_the_crate_the_chart_and_the_changelo
         .collect();
     parts[2] += 1;
     let next = format!("v{}.{}.{}", parts[0], parts[1], parts[2]);
-    let output = release_version(&root(), &next);
+    let output = release_version(&repo_root(), &next);
     assert!(!output.status.success(), "{next} was accepted");
     for file in [
         "Cargo.toml version",
@@ -226,7 +227,7 @@ fn a_tag_is_released_only_at_the_version_of_the_crate_the_chart_and_the_changelo
     ] {
         let to = copy.join(file);
         std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
-        std::fs::copy(root().join(file), &to).expect("copy");
+        std::fs::copy(repo_root().join(file), &to).expect("copy");
     }
     let chart = copy.join("charts/mailer-operator/Chart.yaml");
     let bumped = std::fs::read_to_string(&chart)
@@ -291,7 +292,7 @@ fn jactionlint(args: &[&str], stdin: Option<&str>) -> Output {
             "--no-color",
         ])
         .args(args)
-        .current_dir(root())
+        .current_dir(repo_root())
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
@@ -353,7 +354,7 @@ jobs:
         );
     }
 
-    let mut workflows: Vec<String> = std::fs::read_dir(root().join(".github/workflows"))
+    let mut workflows: Vec<String> = std::fs::read_dir(repo_root().join(".github/workflows"))
         .expect(".github/workflows")
         .map(|entry| {
             entry

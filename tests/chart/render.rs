@@ -6,6 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
+use mailer_testkit::repo_root;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -23,18 +24,14 @@ const PROMETHEUS_OPERATOR_KINDS: &[&str] = &["ServiceMonitor", "PodMonitor", "Pr
 /// `<release>-<chart>`, as the chart names its objects.
 pub const FULLNAME: &str = "mailer-mailer-operator";
 
-pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 pub fn chart_dir() -> PathBuf {
-    root().join("charts/mailer-operator")
+    repo_root().join("charts/mailer-operator")
 }
 
 /// Runs tests/render_chart.py with `args`, `values` (YAML) on its standard input.
 pub fn render_chart(args: &[&str], values: &str) -> Output {
     let mut child = Command::new("python3")
-        .arg(root().join("tests/render_chart.py"))
+        .arg(repo_root().join("tests/render_chart.py"))
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

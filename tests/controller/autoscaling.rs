@@ -9,9 +9,11 @@ use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 use serde_json::{Value, json};
 
-use super::broker::{UserCleanup, secret_uri, unique};
+use super::broker::secret_uri;
+use super::broker::unique_pipeline;
 use super::harness::*;
-use super::support::broker::TestVhost;
+use mailer_testkit::broker::TestVhost;
+use mailer_testkit::pipeline::PipelineSpec;
 
 const KEDA: &str = "/apis/keda.sh/v1alpha1";
 
@@ -23,8 +25,7 @@ fn trigger_authentication_path(name: &str) -> String {
 }
 
 fn spec(vhost: &str) -> Value {
-    json!({"rabbitmq": {"vhost": vhost, "connectionSecret": {"name": "conn"}},
-           "worker": {"replicas": 2, "autoscaling": {"minReplicas": 0, "maxReplicas": 10, "messagesPerWorker": 20}}})
+    PipelineSpec::new().vhost(&vhost).worker(json!({"replicas": 2, "autoscaling": {"minReplicas": 0, "maxReplicas": 10, "messagesPerWorker": 20}})).build()
 }
 
 fn status_of(h: &Harness, name: &str) -> Value {
@@ -34,9 +35,8 @@ fn status_of(h: &Harness, name: &str) -> Value {
 #[tokio::test]
 async fn without_keda_the_workers_say_what_to_install_and_nothing_crash_loops() {
     let h = harness();
-    let name = unique("shop");
+    let (name, _users) = unique_pipeline("shop");
     let test_vhost = TestVhost::fresh("controller-no-keda");
-    let _users = UserCleanup(vec![worker_user(&name)]);
     connection_secret(&h, &secret_uri());
     h.seed_pipeline(&name, spec(&test_vhost.name), true);
 
@@ -55,7 +55,7 @@ async fn without_keda_the_workers_say_what_to_install_and_nothing_crash_loops() 
         applied.body["spec"]
     );
     let status = status_of(&h, &name);
-    assert_eq!(condition(&status, "TopologyReady")["status"], "True");
+    assert_condition(&status, "TopologyReady", "True", None);
     let worker = condition(&status, "WorkerReady");
     assert_eq!(
         (worker["status"].as_str(), worker["reason"].as_str()),
@@ -78,9 +78,8 @@ async fn without_keda_the_workers_say_what_to_install_and_nothing_crash_loops() 
 #[tokio::test]
 async fn with_keda_the_send_queue_scales_the_workers_and_their_count_is_left_to_it() {
     let h = harness();
-    let name = unique("shop");
+    let (name, _users) = unique_pipeline("shop");
     let test_vhost = TestVhost::fresh("controller-keda");
-    let _users = UserCleanup(vec![worker_user(&name)]);
     h.fake.install(KEDA, "scaledobjects");
     h.fake.install(KEDA, "triggerauthentications");
     connection_secret(&h, &secret_uri());
@@ -207,9 +206,8 @@ async fn with_keda_the_send_queue_scales_the_workers_and_their_count_is_left_to_
 #[tokio::test]
 async fn a_scaled_object_of_the_workers_name_that_is_not_ours_is_a_conflict_before_any_write() {
     let h = harness();
-    let name = unique("shop");
+    let (name, _users) = unique_pipeline("shop");
     let test_vhost = TestVhost::fresh("controller-keda-foreign");
-    let _users = UserCleanup(vec![worker_user(&name)]);
     h.fake.install(KEDA, "scaledobjects");
     h.fake.install(KEDA, "triggerauthentications");
     connection_secret(&h, &secret_uri());
@@ -238,7 +236,7 @@ async fn a_scaled_object_of_the_workers_name_that_is_not_ours_is_a_conflict_befo
         "nothing made, in Kubernetes or RabbitMQ"
     );
     assert!(
-        super::support::broker::raw_api()
+        mailer_testkit::broker::raw_api()
             .get_user(&worker_user(&name))
             .await
             .is_err()

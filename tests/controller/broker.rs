@@ -1,13 +1,13 @@
-//! What the controller's tests need of the broker besides `tests/support`: unique
+//! What the controller's tests need of the broker besides the testkit: unique
 //! pipeline names, removing the users a test made, and polling with a deadline.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::support::broker::raw_api;
+use mailer_testkit::broker::raw_api;
 
 /// The management API as a connection Secret's `uri` holds it: without credentials.
 pub fn secret_uri() -> String {
-    format!("http://{}", crate::support::broker::management_host())
+    format!("http://{}", mailer_testkit::broker::management_host())
 }
 /// A port nothing listens on, for a broker that is gone.
 pub const CLOSED_MANAGEMENT_URL: &str = "http://127.0.0.1:1";
@@ -25,6 +25,14 @@ pub fn unique(prefix: &str) -> String {
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// A pipeline name of [`unique`], and the removal of the user the operator makes for its
+/// workers once the test ends, however it ends.
+pub fn unique_pipeline(prefix: &str) -> (String, UserCleanup) {
+    let name = unique(prefix);
+    let users = UserCleanup(vec![super::harness::worker_user(&name)]);
+    (name, users)
 }
 
 /// Removes RabbitMQ users (and the operator's owner markers of them) when dropped, even
@@ -54,7 +62,7 @@ impl Drop for UserCleanup {
 }
 
 /// Polls `check` until it returns `Some`, or panics after `seconds`.
-pub use crate::support::process::eventually;
+pub use mailer_testkit::process::eventually;
 
 /// A management API that accepts connections and never answers: a broker that hangs.
 pub struct BlackHole {

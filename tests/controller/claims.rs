@@ -13,17 +13,21 @@ use mailer::controller::reconcile;
 use mailer::topology::ownership::{Claim, Owner, legacy_topology_marker};
 use serde_json::{Value, json};
 
+use super::broker::unique_pipeline;
 use super::broker::{UserCleanup, eventually, secret_uri, unique};
 use super::harness::*;
 use super::hostile::{broker_state, edit_spec, put_pipeline, reconcile_in};
-use super::support::broker::{
+use mailer_testkit::broker::{
     TestBroker, TestVhost, confirming_channel, management, management_host, publish, raw_api,
 };
-use crate::proxy::Proxy;
+use mailer_testkit::management_proxy::Proxy;
+use mailer_testkit::pipeline::PipelineSpec;
 
 fn spec(vhost: &str) -> Value {
-    json!({"rabbitmq": {"vhost": vhost, "connectionSecret": {"name": "conn"}},
-           "topology": {"deletionPolicy": "Delete"}})
+    PipelineSpec::new()
+        .vhost(&vhost)
+        .deletion_policy("Delete")
+        .build()
 }
 
 /// Who the marker of `claim` names, if anyone.
@@ -148,8 +152,7 @@ async fn two_controllers_claiming_at_once_end_with_exactly_one_owner() {
 async fn a_rename_that_would_strand_mail_is_refused_until_the_queue_is_empty() {
     let h = harness();
     let vhost = TestVhost::fresh("controller-rename");
-    let name = unique("shop");
-    let _users = UserCleanup(vec![worker_user(&name)]);
+    let (name, _users) = unique_pipeline("shop");
     connection_secret(&h, &secret_uri());
     h.seed_pipeline(&name, spec(&vhost.name), true);
     h.reconcile(&name).await.0.expect("built");
@@ -225,9 +228,8 @@ async fn a_rename_that_would_strand_mail_is_refused_until_the_queue_is_empty() {
 async fn a_namespace_deleted_whole_cleans_up_with_the_secret_it_holds() {
     let h = harness();
     let vhost = TestVhost::fresh("controller-ns-gone");
-    let name = unique("shop");
+    let (name, _users) = unique_pipeline("shop");
     let user = worker_user(&name);
-    let _users = UserCleanup(vec![user.clone()]);
     connection_secret(&h, &secret_uri());
     h.seed_pipeline(&name, spec(&vhost.name), true);
     h.reconcile(&name).await.0.expect("built");
@@ -271,8 +273,7 @@ async fn a_namespace_deleted_whole_cleans_up_with_the_secret_it_holds() {
 async fn a_topology_an_earlier_release_marked_whole_is_taken_over_object_by_object() {
     let h = harness();
     let vhost = TestVhost::fresh("controller-legacy");
-    let name = unique("shop");
-    let _users = UserCleanup(vec![worker_user(&name)]);
+    let (name, _users) = unique_pipeline("shop");
     connection_secret(&h, &secret_uri());
     h.seed_pipeline(&name, spec(&vhost.name), true);
     // What a 0.1 release left: the objects, and one marker of the whole topology.
@@ -346,8 +347,7 @@ async fn a_topology_an_earlier_release_marked_whole_is_taken_over_object_by_obje
 async fn a_policy_of_higher_priority_that_shadows_the_pipelines_is_reported() {
     let h = harness();
     let vhost = TestVhost::fresh("controller-shadow");
-    let name = unique("shop");
-    let _users = UserCleanup(vec![worker_user(&name)]);
+    let (name, _users) = unique_pipeline("shop");
     connection_secret(&h, &secret_uri());
     h.seed_pipeline(&name, spec(&vhost.name), true);
     h.reconcile(&name).await.0.expect("built");
@@ -388,7 +388,7 @@ async fn a_policy_of_higher_priority_that_shadows_the_pipelines_is_reported() {
         "{message}"
     );
     let stored = h.fake.get(&pipeline_path(&name)).expect("pipeline");
-    assert_eq!(condition(&stored["status"], "Ready")["status"], "False");
+    assert_condition(&stored["status"], "Ready", "False", None);
     let published = published.into_inner().expect("events");
     assert!(
         published.iter().any(|e| e.1 == "PolicyShadowed"),
@@ -439,16 +439,18 @@ async fn a_namespace_a_cluster_no_longer_allows_loses_its_workers_access() {
     );
     let h = harness();
     let vhost = TestVhost::fresh("controller-revoke");
-    let name = unique("shop");
+    let (name, _users) = unique_pipeline("shop");
     let user = worker_user(&name);
-    let _users = UserCleanup(vec![user.clone()]);
     seed_platform_cluster(&h, NS);
     put_pipeline(
         &h,
         NS,
         &name,
-        json!({"rabbitmq": {"vhost": vhost.name, "clusterRef": {"name": "broker", "namespace": "platform"}},
-               "topology": {"deletionPolicy": "Delete"}}),
+        PipelineSpec::new()
+            .vhost(&vhost.name)
+            .cluster_ref(json!({"name": "broker", "namespace": "platform"}))
+            .deletion_policy("Delete")
+            .build(),
     );
     reconcile_in(&h, NS, &name).await.0.expect("allowed");
     raw_api().get_user(&user).await.expect("its workers' user");

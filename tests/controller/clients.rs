@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::fake_api::FakeApi;
-use super::fake_api::openapi::Definitions;
-use super::support::smtp::TempDir;
+use mailer_testkit::fake_api::FakeApi;
+use mailer_testkit::fake_api::openapi::Definitions;
+use mailer_testkit::smtp::TempDir;
 
 /// Runs `python3 -c code` and returns what it printed, trimmed.
 fn python(code: &str) -> String {
@@ -26,7 +26,7 @@ fn python(code: &str) -> String {
 
 /// The Kubernetes schemas kubernetes-validate ships, for the version the fake claims.
 pub fn definitions() -> Definitions {
-    let version = super::fake_api::discovery::GIT_VERSION;
+    let version = mailer_testkit::fake_api::discovery::GIT_VERSION;
     let dir = python(
         "import kubernetes_validate, os; print(os.path.dirname(kubernetes_validate.__file__))",
     );

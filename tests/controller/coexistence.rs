@@ -4,9 +4,11 @@
 
 use serde_json::{Value, json};
 
-use super::broker::{UserCleanup, secret_uri, unique};
+use super::broker::secret_uri;
+use super::broker::unique_pipeline;
 use super::harness::*;
-use super::support::broker::{TestVhost, raw_api};
+use mailer_testkit::broker::{TestVhost, raw_api};
+use mailer_testkit::pipeline::PipelineSpec;
 
 fn foreign_deployment(name: &str, owner: Option<Value>) -> Value {
     let mut metadata = json!({"name": name, "namespace": NS, "labels": {"app": "legacy"}});
@@ -23,14 +25,13 @@ fn foreign_deployment(name: &str, owner: Option<Value>) -> Value {
 #[tokio::test]
 async fn a_deployment_or_secret_of_the_workers_name_that_is_not_ours_is_left_alone() {
     let h = harness();
-    let name = unique("shop");
+    let (name, _users) = unique_pipeline("shop");
     let test_vhost = TestVhost::fresh("controller-foreign");
     let user = worker_user(&name);
-    let _users = UserCleanup(vec![user.clone()]);
     connection_secret(&h, &secret_uri());
     h.seed_pipeline(
         &name,
-        json!({"rabbitmq": {"vhost": test_vhost.name, "connectionSecret": {"name": "conn"}}}),
+        PipelineSpec::new().vhost(&test_vhost.name).build(),
         true,
     );
     let worker_deployment = format!("{name}-worker");
@@ -100,16 +101,17 @@ async fn a_deployment_or_secret_of_the_workers_name_that_is_not_ours_is_left_alo
 #[tokio::test]
 async fn quantities_the_api_server_rewrites_are_not_drift() {
     let h = harness();
-    let name = unique("shop");
+    let (name, _users) = unique_pipeline("shop");
     let test_vhost = TestVhost::fresh("controller-quantities");
-    let _users = UserCleanup(vec![worker_user(&name)]);
     connection_secret(&h, &secret_uri());
     let resources =
         json!({"requests": {"cpu": "0.5", "memory": "1024Mi"}, "limits": {"memory": "0.5Gi"}});
     h.seed_pipeline(
         &name,
-        json!({"rabbitmq": {"vhost": test_vhost.name, "connectionSecret": {"name": "conn"}},
-               "worker": {"resources": resources}}),
+        PipelineSpec::new()
+            .vhost(&test_vhost.name)
+            .worker(json!({"resources": resources}))
+            .build(),
         true,
     );
     let (result, _) = h.reconcile(&name).await;

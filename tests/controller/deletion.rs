@@ -7,22 +7,25 @@ use kube::runtime::controller::Action;
 use mailer::topology::users::password_matches;
 use serde_json::json;
 
+use super::broker::unique_pipeline;
 use super::broker::{CLOSED_MANAGEMENT_URL, UserCleanup, secret_uri, unique};
 use super::harness::*;
-use super::support::broker::{TestVhost, raw_api};
+use mailer_testkit::broker::{TestVhost, raw_api};
+use mailer_testkit::pipeline::PipelineSpec;
 
 /// The broker is away when the pipeline is deleted, and comes back: the cleanup is
 /// retried (the finalizer stays), then removes the worker user and the queues.
 #[tokio::test]
 async fn deletion_during_a_broker_outage_waits_for_the_broker() {
     let h = harness();
-    let name = unique("shop");
+    let (name, _users) = unique_pipeline("shop");
     let vhost = TestVhost::fresh("controller-outage");
     let user = worker_user(&name);
-    let _users = UserCleanup(vec![user.clone()]);
     connection_secret(&h, &secret_uri());
-    let spec = json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}},
-                      "topology": {"deletionPolicy": "Delete"}});
+    let spec = PipelineSpec::new()
+        .vhost(&vhost.name)
+        .deletion_policy("Delete")
+        .build();
     h.seed_pipeline(&name, spec, true);
     h.reconcile(&name).await.0.unwrap();
     let admin = raw_api();
@@ -68,12 +71,11 @@ async fn deletion_during_a_broker_outage_waits_for_the_broker() {
 #[tokio::test]
 async fn a_new_password_reaches_rabbitmq_only_once_saved_in_its_secret() {
     let h = harness();
-    let name = unique("shop");
+    let (name, _users) = unique_pipeline("shop");
     let vhost = TestVhost::fresh("controller-password");
     let user = worker_user(&name);
-    let _users = UserCleanup(vec![user.clone()]);
     connection_secret(&h, &secret_uri());
-    let spec = json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}}});
+    let spec = PipelineSpec::new().vhost(&vhost.name).build();
     h.seed_pipeline(&name, spec, true);
     h.reconcile(&name).await.0.unwrap();
     let secret = secret_path(&format!("{name}-worker-amqp"));
@@ -117,11 +119,10 @@ async fn a_new_password_reaches_rabbitmq_only_once_saved_in_its_secret() {
 #[tokio::test]
 async fn the_operators_own_grant_is_rechecked_every_pass() {
     let h = harness();
-    let name = unique("shop");
+    let (name, _users) = unique_pipeline("shop");
     let vhost = TestVhost::fresh("controller-grant");
-    let _users = UserCleanup(vec![worker_user(&name)]);
     connection_secret(&h, &secret_uri());
-    let spec = json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}}});
+    let spec = PipelineSpec::new().vhost(&vhost.name).build();
     h.seed_pipeline(&name, spec, true);
     h.reconcile(&name).await.0.unwrap();
     let admin = raw_api();
@@ -158,8 +159,10 @@ async fn a_vhost_change_removes_the_old_vhosts_topology_and_permissions() {
     let user = worker_user(&name);
     let _users = UserCleanup(vec![user.clone()]);
     connection_secret(&h, &secret_uri());
-    let spec = json!({"rabbitmq": {"vhost": old.name, "connectionSecret": {"name": "conn"}},
-                      "topology": {"deletionPolicy": "Delete"}});
+    let spec = PipelineSpec::new()
+        .vhost(&old.name)
+        .deletion_policy("Delete")
+        .build();
     h.seed_pipeline(&name, spec, true);
     h.reconcile(&name).await.0.unwrap();
     let admin = raw_api();

@@ -45,13 +45,13 @@ pub async fn end_to_end() {
         drain_timeout: Duration::from_secs(10),
     };
     let controller = tokio::spawn(mailer::controller::run(options));
-    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
+    let examples = mailer_testkit::repo_root().join("examples");
     for file in [
         "rabbitmq-connection-secret.yaml",
         "smtp-provider-secret.yaml",
         "pipeline.yaml",
     ] {
-        let text = std::fs::read_to_string(format!("{examples}/{file}")).unwrap();
+        let text = std::fs::read_to_string(examples.join(file)).unwrap();
         for document in serde_yaml::Deserializer::from_str(&text) {
             let object: kube::api::DynamicObject =
                 serde::Deserialize::deserialize(document).unwrap();

@@ -13,17 +13,27 @@ use serde_json::json;
 
 use super::broker::{CLOSED_MANAGEMENT_URL, secret_uri};
 use super::harness::*;
-use super::support::broker::{TestVhost, raw_api};
+use mailer_testkit::broker::{TestVhost, raw_api};
+use mailer_testkit::pipeline::PipelineSpec;
 
 #[tokio::test]
 async fn deletion_completes_when_the_broker_its_secret_or_its_cluster_is_gone() {
     // Past the cleanup deadline: a broker or cluster that is away is not waited for.
     let h = harness_with(Duration::ZERO);
     connection_secret(&h, CLOSED_MANAGEMENT_URL);
-    let spec = |secret: &str| json!({"rabbitmq": {"vhost": "gone", "connectionSecret": {"name": secret}}, "topology": {"deletionPolicy": "Delete"}});
+    let spec = |secret: &str| {
+        PipelineSpec::new()
+            .vhost("gone")
+            .connection_secret(&secret)
+            .deletion_policy("Delete")
+            .build()
+    };
     h.seed_pipeline("unreachable", spec("conn"), true);
     h.seed_pipeline("secretless", spec("missing"), true);
-    let clusterless = json!({"rabbitmq": {"clusterRef": {"name": "rmq"}}, "topology": {"deletionPolicy": "Delete"}});
+    let clusterless = PipelineSpec::new()
+        .cluster_ref(json!({"name": "rmq"}))
+        .deletion_policy("Delete")
+        .build();
     h.seed_pipeline("clusterless", clusterless, true);
     for (name, says) in [
         ("unreachable", "cannot reach"),
@@ -84,11 +94,7 @@ async fn a_missing_secret_key_is_reported_once_and_waits_for_a_change() {
         "conn",
         &[("uri", secret_uri().as_str()), ("username", "guest")],
     );
-    h.seed_pipeline(
-        "shop",
-        json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
-        true,
-    );
+    h.seed_pipeline("shop", PipelineSpec::new().build(), true);
     let (result, requests) = h.reconcile("shop").await;
     let error = result.unwrap_err();
     assert_eq!(error.category(), "missing-secret-key");
@@ -141,11 +147,7 @@ async fn transient_failures_back_off_per_pipeline() {
     let h = harness();
     connection_secret(&h, CLOSED_MANAGEMENT_URL);
     for name in ["a", "b"] {
-        h.seed_pipeline(
-            name,
-            json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
-            true,
-        );
+        h.seed_pipeline(name, PipelineSpec::new().build(), true);
     }
     let (result, requests) = h.reconcile("a").await;
     let error = result.unwrap_err();
@@ -196,7 +198,9 @@ async fn a_cluster_ref_finds_the_management_api_through_the_clusters_service() {
     );
     h.seed_pipeline(
         "shop",
-        json!({"rabbitmq": {"clusterRef": {"name": "rmq", "namespace": "data"}}}),
+        PipelineSpec::new()
+            .cluster_ref(json!({"name": "rmq", "namespace": "data"}))
+            .build(),
         true,
     );
     let broker = mailer::controller::broker::connection::locate(&h.ctx.client, &h.pipeline("shop"))
@@ -207,7 +211,9 @@ async fn a_cluster_ref_finds_the_management_api_through_the_clusters_service() {
 
     h.seed_pipeline(
         "other",
-        json!({"rabbitmq": {"clusterRef": {"name": "absent"}}}),
+        PipelineSpec::new()
+            .cluster_ref(json!({"name": "absent"}))
+            .build(),
         true,
     );
     let error = mailer::controller::broker::connection::locate(&h.ctx.client, &h.pipeline("other"))
@@ -226,7 +232,11 @@ async fn deleting_a_pipeline_whose_vhost_is_gone_is_a_clean_deletion() {
     let h = harness();
     connection_secret(&h, &secret_uri());
     let vhost = TestVhost::fresh("controller-gone");
-    let spec = json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}}, "topology": {"deletionPolicy": "Delete"}, "worker": {"userSecret": {"name": "own-user"}}});
+    let spec = PipelineSpec::new()
+        .vhost(&vhost.name)
+        .deletion_policy("Delete")
+        .worker(json!({"userSecret": {"name": "own-user"}}))
+        .build();
     h.seed_secret("own-user", &[("username", "guest"), ("password", "guest")]);
     h.seed_pipeline("shop", spec, true);
     h.reconcile("shop").await.0.expect("applied");
@@ -259,11 +269,7 @@ async fn an_amqp_uri_with_credentials_is_refused_before_any_write_saying_why() {
             ("amqpUri", "amqp://guest:hunter2@127.0.0.1:5672"),
         ],
     );
-    h.seed_pipeline(
-        "shop",
-        json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
-        true,
-    );
+    h.seed_pipeline("shop", PipelineSpec::new().build(), true);
     let (result, requests) = h.reconcile("shop").await;
     let error = result.unwrap_err();
     assert_eq!(error.category(), "invalid-secret-value", "{error}");

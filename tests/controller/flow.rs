@@ -7,10 +7,12 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::json;
 
+use super::broker::unique_pipeline;
 use super::broker::{UserCleanup, eventually, secret_uri, unique};
 use super::harness::*;
-use super::support::broker::{TestVhost, confirming_channel, publish, raw_api};
 use super::worker_pod;
+use mailer_testkit::broker::{TestVhost, confirming_channel, publish, raw_api};
+use mailer_testkit::pipeline::PipelineSpec;
 
 #[tokio::test]
 async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
@@ -22,9 +24,13 @@ async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
     let _users = UserCleanup(vec![user.clone()]);
     connection_secret(&h, &secret_uri());
     h.seed_secret("smtp", &[("url", "discard://")]);
-    let spec = json!({"rabbitmq": {"vhost": vhost, "connectionSecret": {"name": "conn"}},
-                      "topology": {"deletionPolicy": "Delete"},
-                      "worker": {"replicas": 2, "provider": {"urlSecretKeyRef": {"name": "smtp", "key": "url"}}}});
+    let spec = PipelineSpec::new()
+        .vhost(&vhost)
+        .deletion_policy("Delete")
+        .worker(
+            json!({"replicas": 2, "provider": {"urlSecretKeyRef": {"name": "smtp", "key": "url"}}}),
+        )
+        .build();
     h.seed_pipeline(&name, spec, false);
 
     // The first reconcile only adds the finalizer.
@@ -93,12 +99,12 @@ async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
     }
     let status = &write_to(&requests, "PATCH", &status_path).body["status"];
     assert_eq!(status["observedGeneration"], 1);
-    assert_eq!(condition(status, "TopologyReady")["status"], "True");
+    assert_condition(status, "TopologyReady", "True", None);
     assert_eq!(
         condition(status, "WorkerReady")["reason"],
         "WorkersNotReady"
     );
-    assert_eq!(condition(status, "Ready")["status"], "False");
+    assert_condition(status, "Ready", "False", None);
     assert_eq!(status["queues"], json!({"send": 0, "retry": 0, "dead": 0}));
     assert_eq!(status["workers"], json!({"ready": 0, "desired": 2}));
     assert_eq!(status["workerUser"], user.as_str());
@@ -153,7 +159,7 @@ async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
     result.unwrap();
     assert_eq!(writes(&requests), [format!("PATCH {status_path}")]);
     let status = &write_to(&requests, "PATCH", &status_path).body["status"];
-    assert_eq!(condition(status, "Ready")["status"], "True");
+    assert_condition(status, "Ready", "True", None);
     assert!(h.metrics().contains(&format!(
         "mailer_controller_pipeline_ready{{namespace=\"{NS}\",pipeline=\"{name}\"}} 1"
     )));
@@ -360,13 +366,11 @@ async fn worker_may_consume_but_not_declare(amqp_url: &str) {
 #[tokio::test]
 async fn naming_an_own_user_removes_the_one_the_operator_made() {
     let h = harness();
-    let name = unique("shop");
+    let (name, _users) = unique_pipeline("shop");
     let test_vhost = TestVhost::fresh("controller-own-user");
     let user = worker_user(&name);
-    let _users = UserCleanup(vec![user.clone()]);
     connection_secret(&h, &secret_uri());
-    let spec =
-        json!({"rabbitmq": {"vhost": test_vhost.name, "connectionSecret": {"name": "conn"}}});
+    let spec = PipelineSpec::new().vhost(&test_vhost.name).build();
     h.seed_pipeline(&name, spec, true);
     h.reconcile(&name).await.0.unwrap();
     raw_api()

@@ -15,7 +15,7 @@ use mailer::telemetry::Health;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
-use super::fake_api::{FakeApi, Recorded};
+use mailer_testkit::fake_api::{FakeApi, Recorded};
 
 pub const NS: &str = "prod";
 pub const RESYNC: Duration = Duration::from_secs(300);
@@ -314,18 +314,13 @@ pub fn event_repeats(requests: &[Recorded]) -> Vec<(String, i64)> {
         .collect()
 }
 
-pub fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
-    status["conditions"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == type_))
-        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
-}
+pub use mailer_testkit::pipeline::{assert_condition, condition};
 
 /// The test broker's AMQP address, as a connection Secret's `amqpUri` holds it.
 pub fn amqp_uri() -> String {
     format!(
         "amqp://127.0.0.1:{}",
-        super::support::broker::TestBroker::get().amqp_port
+        mailer_testkit::broker::TestBroker::get().amqp_port
     )
 }
 

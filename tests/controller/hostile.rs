@@ -16,9 +16,10 @@ use mailer::topology::ownership::Claim;
 use serde_json::{Value, json};
 
 use super::broker::{UserCleanup, secret_uri, unique};
-use super::fake_api::Recorded;
 use super::harness::*;
-use super::support::broker::{TestBroker, TestVhost, management, management_host};
+use mailer_testkit::broker::{TestBroker, TestVhost, management, management_host};
+use mailer_testkit::fake_api::Recorded;
+use mailer_testkit::pipeline::PipelineSpec;
 
 /// The namespace of the other tenant, whose pipeline the hostile one goes after.
 const VICTIM_NS: &str = "victim";
@@ -255,7 +256,7 @@ async fn platform_user(name: &str, tags: &str, vhost: &str) {
     use rabbitmq_http_client::password_hashing::{
         HashingAlgorithm, base64_encoded_salted_password_hash, salt,
     };
-    let api = super::support::broker::raw_api();
+    let api = mailer_testkit::broker::raw_api();
     let hash =
         base64_encoded_salted_password_hash(&salt(), "platform-pw", &HashingAlgorithm::SHA256);
     api.create_user(&rabbitmq_http_client::requests::UserParams {
@@ -295,8 +296,10 @@ async fn platform_vhost() -> TestVhost {
 }
 
 fn delete_policy(vhost: &str) -> Value {
-    json!({"rabbitmq": {"vhost": vhost, "connectionSecret": {"name": "conn"}},
-           "topology": {"deletionPolicy": "Delete"}})
+    PipelineSpec::new()
+        .vhost(&vhost)
+        .deletion_policy("Delete")
+        .build()
 }
 
 /// Own names for every object, prefixed.

@@ -9,12 +9,12 @@ use mailer::controller::runtime::leader::{LeaderElection, LeaseError};
 use mailer::controller::runtime::leader::{Renewal, keep_leading};
 use mailer::controller::runtime::watch::run_controllers;
 use mailer::telemetry::Health;
-use serde_json::json;
 use tokio::sync::watch;
 
 use super::broker::{BlackHole, eventually};
-use super::fake_api::FakeApi;
 use super::harness::*;
+use mailer_testkit::fake_api::FakeApi;
+use mailer_testkit::pipeline::PipelineSpec;
 
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases";
 
@@ -68,11 +68,7 @@ async fn an_abort_drops_the_reconciles_in_flight_before_they_write() {
     let h = harness();
     let broker = BlackHole::start().await;
     connection_secret(&h, &broker.url);
-    h.seed_pipeline(
-        "shop",
-        json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
-        true,
-    );
+    h.seed_pipeline("shop", PipelineSpec::new().build(), true);
     let health = Health::new(Duration::from_secs(60));
     let (_stop_tx, stop) = watch::channel(false);
     let (abort_tx, abort) = watch::channel(false);

@@ -12,15 +12,16 @@ use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use serde_json::{Value, json};
 
-use super::broker::{UserCleanup, eventually, secret_uri, unique};
+use super::broker::unique_pipeline;
+use super::broker::{eventually, secret_uri};
 use super::harness::*;
 use super::operator_pod::{
     ApiServerTls, OperatorPod, PodIdentity, ServiceAccountToken, of_kind, render_chart,
 };
 use super::postfix::{DOMAIN, Postfix};
-use super::support::broker::{TestVhost, confirming_channel, management_url, publish};
-use super::support::tls::TestCa;
 use super::worker_pod;
+use mailer_testkit::broker::{TestVhost, confirming_channel, management_url, publish};
+use mailer_testkit::tls::TestCa;
 
 const RELEASE: &str = "mailer";
 const RELEASE_NAMESPACE: &str = "mailer-system";
@@ -81,9 +82,8 @@ fn header<'a>(mail: &'a str, name: &str) -> Option<&'a str> {
 async fn the_charts_operator_pod_reconciles_and_its_workers_send_through_postfix() {
     let started = Instant::now();
     let h = harness();
-    let name = unique("shop");
+    let (name, _users) = unique_pipeline("shop");
     let test_vhost = TestVhost::fresh("controller-mailserver");
-    let _users = UserCleanup(vec![worker_user(&name)]);
     let ca = TestCa::generate();
 
     // The relay: mailboxes for delivered@ and deferred@; bounced@ has none; deferred@

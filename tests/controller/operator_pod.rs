@@ -40,9 +40,9 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
-use super::support::process::free_port;
-use super::support::smtp::TempDir;
-use super::support::tls::TestCa;
+use mailer_testkit::process::free_port;
+use mailer_testkit::smtp::TempDir;
+use mailer_testkit::tls::TestCa;
 
 /// The image's `ENTRYPOINT` (Dockerfile): the binary cargo built stands for it.
 pub const IMAGE_ENTRYPOINT: &str = "/usr/local/bin/mailer";
@@ -61,7 +61,7 @@ const IMAGE_HOME: &str = "/home/nonroot";
 /// --namespace <namespace>` would; every object.
 pub fn render_chart(release: &str, namespace: &str, values: &str) -> Vec<Value> {
     use std::io::Write;
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = mailer_testkit::repo_root();
     let mut child = Command::new("python3")
         .arg(root.join("tests/render_chart.py"))
         .args(["template", "--release", release, "--namespace", namespace])
@@ -373,7 +373,7 @@ impl OperatorPod {
             "rw"
         };
 
-        let sandbox = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pod_sandbox.sh");
+        let sandbox = mailer_testkit::repo_root().join("tests/pod_sandbox.sh");
         let child = Command::new("/usr/bin/unshare")
             .args([
                 "--mount",

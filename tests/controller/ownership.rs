@@ -11,14 +11,17 @@ use serde_json::{Value, json};
 
 use super::broker::{UserCleanup, secret_uri, unique};
 use super::harness::*;
-use super::support::broker::{TestVhost, raw_api};
+use mailer_testkit::broker::{TestVhost, raw_api};
+use mailer_testkit::pipeline::PipelineSpec;
 
 /// What the event of a deleted pipeline that held nothing in the broker says.
 const NOTHING_HELD: &str = "nothing in RabbitMQ was this pipeline's";
 
 fn spec(vhost: &str) -> Value {
-    json!({"rabbitmq": {"vhost": vhost, "connectionSecret": {"name": "conn"}},
-           "topology": {"deletionPolicy": "Delete"}})
+    PipelineSpec::new()
+        .vhost(&vhost)
+        .deletion_policy("Delete")
+        .build()
 }
 
 /// The owner marker of the send queue `mail.send` in `vhost`.
@@ -236,7 +239,7 @@ async fn a_vhost_change_leaves_what_another_pipeline_owns_in_the_old_vhost() {
         uid: "uid-of-another-pipeline".into(),
         retained: false,
     };
-    super::support::broker::management()
+    mailer_testkit::broker::management()
         .set_owner(&marker(&old.name), &other)
         .await
         .expect("a foreign marker");

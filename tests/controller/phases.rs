@@ -3,20 +3,23 @@
 
 use serde_json::json;
 
-use super::broker::{UserCleanup, secret_uri, unique};
+use super::broker::secret_uri;
+use super::broker::unique_pipeline;
 use super::harness::*;
-use super::support::broker::{TestVhost, raw_api};
+use mailer_testkit::broker::{TestVhost, raw_api};
+use mailer_testkit::pipeline::PipelineSpec;
 
 #[tokio::test]
 async fn a_missing_provider_secret_fails_the_reconcile_before_any_write() {
     let h = harness();
-    let name = unique("shop");
+    let (name, _users) = unique_pipeline("shop");
     let vhost = TestVhost::fresh("controller-unresolved");
     let user = worker_user(&name);
-    let _users = UserCleanup(vec![user.clone()]);
     connection_secret(&h, &secret_uri());
-    let spec = json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}},
-                      "worker": {"provider": {"urlSecretKeyRef": {"name": "smtp", "key": "url"}}}});
+    let spec = PipelineSpec::new()
+        .vhost(&vhost.name)
+        .worker(json!({"provider": {"urlSecretKeyRef": {"name": "smtp", "key": "url"}}}))
+        .build();
     h.seed_pipeline(&name, spec, true);
 
     let (result, requests) = h.reconcile(&name).await;

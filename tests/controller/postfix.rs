@@ -28,9 +28,9 @@ use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::task::JoinHandle;
 
-use super::support::process::free_port;
-use super::support::smtp::TempDir;
-use super::support::tls::TestCa;
+use mailer_testkit::process::free_port;
+use mailer_testkit::smtp::TempDir;
+use mailer_testkit::tls::TestCa;
 
 /// Where Debian's package puts the `postfix` command.
 const POSTFIX: &str = "/usr/sbin/postfix";

@@ -7,8 +7,9 @@ use std::process::{Child, Command, Stdio};
 use serde_json::json;
 
 use super::broker::{BlackHole, eventually, unique};
-use super::fake_api::Recorded;
 use super::harness::*;
+use mailer_testkit::fake_api::Recorded;
+use mailer_testkit::pipeline::PipelineSpec;
 
 /// The controller process; killed when dropped, should a test fail before it stops.
 struct Running(Child);
@@ -108,11 +109,7 @@ fn holder(h: &Harness) -> serde_json::Value {
 async fn the_controller_process_leads_reconciles_and_stops_on_sigterm() {
     mailer::install_crypto_provider();
     let h = harness();
-    h.seed_pipeline(
-        "shop",
-        json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
-        false,
-    );
+    h.seed_pipeline("shop", PipelineSpec::new().build(), false);
     let config = kubeconfig(&h.fake.serve().await, "pod-a");
     let (mut controller, metrics) = start("pod-a", &config, &["--lease-retry", "1s"]);
 
@@ -178,11 +175,7 @@ async fn a_standby_is_ready_and_takes_over_when_the_leader_stops() {
 async fn without_an_election_the_controller_runs_and_stops_cleanly() {
     mailer::install_crypto_provider();
     let h = harness();
-    h.seed_pipeline(
-        "shop",
-        json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
-        false,
-    );
+    h.seed_pipeline("shop", PipelineSpec::new().build(), false);
     let config = kubeconfig(&h.fake.serve().await, "solo");
     let (mut controller, metrics) = start("solo", &config, &["--leader-election", "false"]);
     until_ready(&metrics).await;
@@ -233,11 +226,7 @@ async fn sigterm_during_a_slow_reconcile_hands_over_without_two_leaders_writing(
     let h = harness();
     let broker = BlackHole::start().await;
     connection_secret(&h, &broker.url);
-    h.seed_pipeline(
-        "shop",
-        json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
-        true,
-    );
+    h.seed_pipeline("shop", PipelineSpec::new().build(), true);
     let server = h.fake.serve().await;
     let timing = [
         "--lease-duration",

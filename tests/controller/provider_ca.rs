@@ -6,19 +6,19 @@
 use lapin::BasicProperties;
 use serde_json::json;
 
-use super::broker::{UserCleanup, eventually, secret_uri, unique};
+use super::broker::unique_pipeline;
+use super::broker::{eventually, secret_uri};
 use super::harness::*;
-use super::support::broker::{TestVhost, confirming_channel, publish};
-use super::support::tls::TestCa;
 use super::worker_pod;
+use mailer_testkit::broker::{TestVhost, confirming_channel, publish};
+use mailer_testkit::pipeline::PipelineSpec;
+use mailer_testkit::tls::TestCa;
 
 #[tokio::test]
 async fn the_workers_trust_the_relays_ca_and_a_new_ca_rolls_them() {
     let h = harness();
-    let name = unique("shop");
+    let (name, _users) = unique_pipeline("shop");
     let test_vhost = TestVhost::fresh("controller-ca");
-    let user = worker_user(&name);
-    let _users = UserCleanup(vec![user.clone()]);
     connection_secret(&h, &secret_uri());
     let ca = TestCa::generate();
     // smtp:// requires STARTTLS: without the CA the worker could not trust this relay.
@@ -28,10 +28,8 @@ async fn the_workers_trust_the_relays_ca_and_a_new_ca_rolls_them() {
         &[("url", &format!("smtp://127.0.0.1:{}", relay.port))],
     );
     h.seed_secret("relay-tls", &[("ca.crt", "not a certificate")]);
-    let spec = json!({"rabbitmq": {"vhost": test_vhost.name, "connectionSecret": {"name": "conn"}},
-                      "topology": {"deletionPolicy": "Delete"},
-                      "worker": {"provider": {"urlSecretKeyRef": {"name": "smtp", "key": "url"},
-                                              "caSecretKeyRef": {"name": "relay-tls", "key": "ca.crt"}}}});
+    let spec = PipelineSpec::new().vhost(&test_vhost.name).deletion_policy("Delete").worker(json!({"provider": {"urlSecretKeyRef": {"name": "smtp", "key": "url"},
+                                              "caSecretKeyRef": {"name": "relay-tls", "key": "ca.crt"}}})).build();
     h.seed_pipeline(&name, spec, true);
 
     // A value that is no certificate: said, and nothing made.

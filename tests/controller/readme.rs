@@ -5,7 +5,7 @@
 //! with the operator running in this process against the same server and the real
 //! broker. What is asserted is what the commands print.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -13,17 +13,14 @@ use serde_json::{Value, json};
 use super::broker::{eventually, unique};
 use super::clients::{User, cluster};
 use super::harness::{NS, controller_health, harness_on, run_controllers_until};
-use super::support::broker::{TestBroker, TestVhost, management_host};
-use super::support::smtp::TempDir;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use mailer_testkit::broker::{TestBroker, TestVhost, management_host};
+use mailer_testkit::repo_root;
+use mailer_testkit::smtp::TempDir;
 
 /// The commands of the README's sh block that follows the line starting with `after`:
 /// continuation lines joined, comments dropped, as (words, the comment lines after it).
 fn readme_block(after: &str) -> Vec<(Vec<String>, Vec<String>)> {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
     let start = readme
         .find(after)
         .unwrap_or_else(|| panic!("README has {after:?}"));
@@ -60,11 +57,11 @@ fn words(list: &[String]) -> Vec<&str> {
 /// Runs `tests/helm_release.py` with a `helm` command line's arguments.
 fn helm(user: &User, args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new("python3")
-        .arg(root().join("tests/helm_release.py"))
+        .arg(repo_root().join("tests/helm_release.py"))
         .args(args)
         .env("HOME", &user.home.0)
         .env("KUBECONFIG", &user.kubeconfig)
-        .current_dir(root())
+        .current_dir(repo_root())
         .output()
         .expect("python3 runs");
     (
@@ -88,7 +85,7 @@ fn release(stdout: &str) -> Value {
 async fn helm_installs_upgrades_and_uninstalls_the_chart_and_keeps_the_crd() {
     let fake = cluster();
     let user = User::new(&fake.serve().await, "default");
-    let kubectl = |args: &[&str]| user.kubectl_in(&root(), args);
+    let kubectl = |args: &[&str]| user.kubectl_in(&repo_root(), args);
 
     let install = readme_block("With Helm")
         .into_iter()
@@ -213,7 +210,7 @@ fn workdir(vhost: &str) -> TempDir {
         "examples/smtp-provider-secret.yaml",
         "examples/pipeline.yaml",
     ] {
-        let mut text = std::fs::read_to_string(root().join(file)).unwrap();
+        let mut text = std::fs::read_to_string(repo_root().join(file)).unwrap();
         let mut replace = |from: &str, to: &str| {
             assert!(text.contains(from), "{file} has {from:?}");
             text = text.replace(from, to);

@@ -7,15 +7,12 @@ use serde_json::json;
 
 use super::broker::eventually;
 use super::harness::*;
+use mailer_testkit::pipeline::PipelineSpec;
 
 #[tokio::test]
 async fn watched_pipelines_are_reconciled_until_shutdown() {
     let h = harness();
-    h.seed_pipeline(
-        "shop",
-        json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
-        false,
-    );
+    h.seed_pipeline("shop", PipelineSpec::new().build(), false);
     let health = controller_health();
     let checking = async {
         eventually(20, "the finalizer to be added by a reconcile", || async {
@@ -36,7 +33,7 @@ async fn watched_pipelines_are_reconciled_until_shutdown() {
 #[tokio::test]
 async fn an_unreadable_pipeline_does_not_stall_the_others() {
     let h = harness();
-    let spec = json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}});
+    let spec = PipelineSpec::new().build();
     h.seed_pipeline("good", spec.clone(), false);
     let mut newer = spec;
     newer["fieldOfANewerCrd"] = json!(true);
@@ -80,11 +77,7 @@ async fn an_unreadable_pipeline_does_not_stall_the_others() {
 #[tokio::test]
 async fn a_secret_that_appears_reconciles_the_pipeline_that_reads_it() {
     let h = harness();
-    h.seed_pipeline(
-        "shop",
-        json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
-        true,
-    );
+    h.seed_pipeline("shop", PipelineSpec::new().build(), true);
     let health = controller_health();
     let reason = |h: &Harness| {
         let stored = h.fake.get(&pipeline_path("shop"))?;

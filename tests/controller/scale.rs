@@ -10,11 +10,11 @@ use mailer::topology::MAX_IN_FLIGHT;
 use serde_json::{Value, json};
 
 use super::broker::{CLOSED_MANAGEMENT_URL, eventually};
-use super::fake_api::Address;
 use super::harness::*;
-use crate::many::pipeline_spec_yaml;
-use crate::proxy::Proxy;
-use crate::support::broker::{TestVhost, management_host};
+use mailer_testkit::broker::{TestVhost, management_host};
+use mailer_testkit::fake_api::Address;
+use mailer_testkit::management_proxy::Proxy;
+use mailer_testkit::many::pipeline_spec_yaml;
 
 /// Requests to the management API of one pipeline in sync whose workers' user is given
 /// (`spec.worker.userSecret`), with queue depths read on every reconcile: whether the
@@ -36,7 +36,7 @@ async fn run_until<T>(h: &Harness, until: impl Future<Output = T>) -> T {
 
 /// Reconciles counted by `h`'s metrics: `(successful, failed)`.
 fn reconciles(h: &Harness) -> (u64, u64) {
-    super::reconciles::reconciles_in(&h.metrics())
+    mailer_testkit::reconciles::reconciles_in(&h.metrics())
 }
 
 /// Waits until no reconcile has started for `window` (within 60 s).
@@ -238,7 +238,7 @@ async fn the_policies_of_reconciles_running_at_once_go_out_in_one_import() {
         .count();
     assert_eq!((imports, policy_puts), (1, 0), "{writes:#?}");
     // Every pipeline's three policies are there.
-    let policies = crate::support::broker::raw_api()
+    let policies = mailer_testkit::broker::raw_api()
         .list_policies_in(&vhost.name)
         .await
         .expect("policies");

@@ -13,24 +13,21 @@ use mailer::controller::runtime::watch::pipeline_triggers;
 use mailer::spec::MailerPipeline;
 use serde_json::json;
 
-use super::broker::{UserCleanup, eventually, secret_uri, unique};
+use super::broker::unique_pipeline;
+use super::broker::{eventually, secret_uri};
 use super::harness::*;
-use super::support::broker::{TestVhost, confirming_channel, publish};
+use mailer_testkit::broker::{TestVhost, confirming_channel, publish};
+use mailer_testkit::pipeline::PipelineSpec;
 
 /// Generation 2 is attempted and fails (its provider Secret is missing); once the Secret
 /// exists it is applied: an update, not drift, though `observedGeneration` said 2.
 #[tokio::test]
 async fn a_spec_change_after_a_failed_attempt_is_an_update_not_drift() {
     let h = harness();
-    let name = unique("shop");
+    let (name, _users) = unique_pipeline("shop");
     let vhost = TestVhost::fresh("controller-applied-generation");
-    let _users = UserCleanup(vec![worker_user(&name)]);
     connection_secret(&h, &secret_uri());
-    h.seed_pipeline(
-        &name,
-        json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}}}),
-        true,
-    );
+    h.seed_pipeline(&name, PipelineSpec::new().vhost(&vhost.name).build(), true);
     h.reconcile(&name).await.0.unwrap();
 
     let mut object = h.fake.get(&pipeline_path(&name)).unwrap();
@@ -70,15 +67,10 @@ async fn a_spec_change_after_a_failed_attempt_is_an_update_not_drift() {
 #[tokio::test]
 async fn dead_letters_grew_is_told_at_most_once_per_resync_interval() {
     let h = harness();
-    let name = unique("shop");
+    let (name, _users) = unique_pipeline("shop");
     let vhost = TestVhost::fresh("controller-dead-letters");
-    let _users = UserCleanup(vec![worker_user(&name)]);
     connection_secret(&h, &secret_uri());
-    h.seed_pipeline(
-        &name,
-        json!({"rabbitmq": {"vhost": vhost.name, "connectionSecret": {"name": "conn"}}}),
-        true,
-    );
+    h.seed_pipeline(&name, PipelineSpec::new().vhost(&vhost.name).build(), true);
     h.reconcile(&name).await.0.unwrap();
     let connection = vhost.connect().await;
     let channel = confirming_channel(&connection).await;
@@ -104,11 +96,7 @@ async fn dead_letters_grew_is_told_at_most_once_per_resync_interval() {
 #[tokio::test]
 async fn own_status_writes_trigger_no_reconcile() {
     let h = harness();
-    h.seed_pipeline(
-        "shop",
-        json!({"rabbitmq": {"connectionSecret": {"name": "conn"}}}),
-        false,
-    );
+    h.seed_pipeline("shop", PipelineSpec::new().build(), false);
     let (_reader, writer) = reflector::store();
     let guarded: Api<Guarded> = Api::namespaced(h.fake.client(), NS);
     let triggers = pipeline_triggers(guarded, writer, ReferenceIndex::default());

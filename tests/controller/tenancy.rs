@@ -7,6 +7,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
 use super::harness::*;
+use mailer_testkit::pipeline::PipelineSpec;
 
 const CLUSTER: &str = "/apis/rabbitmq.com/v1beta1/namespaces/data/rabbitmqclusters/rmq";
 const ADMIN_SECRET: &str = "/api/v1/namespaces/data/secrets/rmq-default-user";
@@ -41,8 +42,10 @@ fn status_of(h: &Harness, name: &str) -> Value {
 async fn a_cluster_of_another_namespace_is_refused_unless_it_lists_the_namespace() {
     let h = harness();
     seed_cluster(&h, Some("billing"));
-    let spec = json!({"rabbitmq": {"clusterRef": {"name": "rmq", "namespace": "data"}},
-                      "topology": {"deletionPolicy": "Delete"}});
+    let spec = PipelineSpec::new()
+        .cluster_ref(json!({"name": "rmq", "namespace": "data"}))
+        .deletion_policy("Delete")
+        .build();
     h.seed_pipeline("shop", spec, true);
 
     let (result, requests) = h.reconcile("shop").await;
@@ -91,7 +94,9 @@ async fn a_cluster_that_lists_the_namespace_or_a_star_is_used() {
         seed_cluster(&h, Some(allowed));
         h.seed_pipeline(
             "shop",
-            json!({"rabbitmq": {"clusterRef": {"name": "rmq", "namespace": "data"}}}),
+            PipelineSpec::new()
+                .cluster_ref(json!({"name": "rmq", "namespace": "data"}))
+                .build(),
             true,
         );
         let broker =
@@ -121,7 +126,9 @@ async fn a_cluster_of_the_own_namespace_needs_no_annotation() {
     );
     h.seed_pipeline(
         "shop",
-        json!({"rabbitmq": {"clusterRef": {"name": "rmq"}}}),
+        PipelineSpec::new()
+            .cluster_ref(json!({"name": "rmq"}))
+            .build(),
         true,
     );
     mailer::controller::broker::connection::locate(&h.ctx.client, &h.pipeline("shop"))
@@ -133,8 +140,11 @@ async fn a_cluster_of_the_own_namespace_needs_no_annotation() {
 async fn a_cluster_of_another_namespace_that_does_not_exist_gets_the_same_answer() {
     let h = harness();
     seed_cluster(&h, Some("billing"));
-    let refused =
-        |name: &str| json!({"rabbitmq": {"clusterRef": {"name": name, "namespace": "data"}}});
+    let refused = |name: &str| {
+        PipelineSpec::new()
+            .cluster_ref(json!({"name": name, "namespace": "data"}))
+            .build()
+    };
     h.seed_pipeline("forbidden", refused("rmq"), true);
     h.seed_pipeline("missing", refused("nothing-here"), true);
     let forbidden = h.reconcile("forbidden").await.0.unwrap_err();
@@ -179,7 +189,9 @@ async fn an_empty_cluster_namespace_is_the_pipelines_own() {
     );
     h.seed_pipeline(
         "shop",
-        json!({"rabbitmq": {"clusterRef": {"name": "rmq", "namespace": ""}}}),
+        PipelineSpec::new()
+            .cluster_ref(json!({"name": "rmq", "namespace": ""}))
+            .build(),
         true,
     );
     let broker = mailer::controller::broker::connection::locate(&h.ctx.client, &h.pipeline("shop"))

@@ -9,8 +9,8 @@ use std::process::{Child, Command, Stdio};
 use serde_json::Value;
 
 use super::harness::Harness;
-use super::support::process::free_port;
-use super::support::smtp::TempDir;
+use mailer_testkit::process::free_port;
+use mailer_testkit::smtp::TempDir;
 
 /// The worker process, killed when dropped, and its projected volumes.
 pub struct WorkerPod {

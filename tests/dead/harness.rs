@@ -12,11 +12,11 @@ use mailer::spec::MailerPipelineSpec;
 use mailer::topology::{self, Topology};
 use serde_json::{Value, json};
 
-use crate::support::broker::{
+use mailer_testkit::broker::{
     TestBroker, TestVhost, amqp_base, confirming_channel, management, management_url, publish,
 };
-use crate::support::process::{eventually, exit_within, start_worker, stop_worker};
-use crate::support::smtp::{SmtpServer, TempDir, closed_port};
+use mailer_testkit::process::{eventually, exit_within, start_worker, stop_worker};
+use mailer_testkit::smtp::{SmtpServer, TempDir, closed_port};
 
 pub const DEAD_QUEUE: &str = "mail.send.dead";
 pub const SEND_QUEUE: &str = "mail.send";
@@ -195,7 +195,7 @@ impl Pipeline {
     /// worker stops without acking, again and again. The request first went through the
     /// delay queue, so its first death is `expired` and its newest `delivery_limit`.
     pub async fn make_delivery_limit(&self, id: &str) {
-        crate::support::broker::remove_retry_binding(&self.vhost).await;
+        mailer_testkit::broker::remove_retry_binding(&self.vhost).await;
         let parked = headers(&[("x-mail-attempt", AMQPValue::LongLongInt(2))]);
         publish(
             &self.channel,

@@ -14,9 +14,9 @@ use rabbitmq_http_client::requests::PolicyParams;
 use serde_json::{Value, json};
 
 use crate::harness::{DEAD_QUEUE, Pipeline, headers, properties, request};
-use crate::support::broker::{TestBroker, amqp_base, management_url, publish, raw_api};
-use crate::support::process::eventually;
-use crate::support::smtp::closed_port;
+use mailer_testkit::broker::{TestBroker, amqp_base, management_url, publish, raw_api};
+use mailer_testkit::process::eventually;
+use mailer_testkit::smtp::closed_port;
 
 const DEAD_PATTERN: &str = r"^mail\.send\.dead$";
 const OURS: &str = "mailer.mail.send.dead";

@@ -10,7 +10,7 @@ use lapin::types::FieldTable;
 use mailer::dead::{DeadLetter, DeadQueue, Verdict};
 
 use crate::harness::{DEAD_QUEUE, Pipeline, SEND_QUEUE, ids};
-use crate::support::process::{eventually, start_worker, stop_worker};
+use mailer_testkit::process::{eventually, start_worker, stop_worker};
 
 #[tokio::test]
 async fn a_hundred_lists_in_a_row_lose_nothing_and_keep_the_order_while_the_worker_runs() {
@@ -30,10 +30,10 @@ async fn a_hundred_lists_in_a_row_lose_nothing_and_keep_the_order_while_the_work
             let connection = lapin::Connection::connect(&vhost_url, Default::default())
                 .await
                 .unwrap();
-            let channel = crate::support::broker::confirming_channel(&connection).await;
+            let channel = mailer_testkit::broker::confirming_channel(&connection).await;
             for id in later {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                crate::support::broker::publish(
+                mailer_testkit::broker::publish(
                     &channel,
                     "mail",
                     SEND_QUEUE,

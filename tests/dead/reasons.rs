@@ -7,7 +7,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use serde_json::Value;
 
 use crate::harness::{DEAD_QUEUE, Pipeline, headers, json_lines, request, smtp_url};
-use crate::support::smtp::SmtpServer;
+use mailer_testkit::smtp::SmtpServer;
 
 #[tokio::test]
 async fn every_reason_is_listed_right_and_every_filter_narrows() {
@@ -189,7 +189,7 @@ async fn bad_input_gets_one_clear_line() {
             .env_remove("MAIL_AMQP_URL")
             .env(
                 "RABBITMQ_MANAGEMENT_URL",
-                crate::support::broker::management_url(),
+                mailer_testkit::broker::management_url(),
             )
             .output()
             .unwrap();

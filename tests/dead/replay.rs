@@ -9,8 +9,8 @@ use std::time::Duration;
 use lapin::types::FieldTable;
 
 use crate::harness::{DEAD_QUEUE, Pipeline, SEND_QUEUE, ids, request, smtp_url};
-use crate::support::process::{eventually, exit_within, signal, start_worker, stop_worker};
-use crate::support::smtp::SmtpServer;
+use mailer_testkit::process::{eventually, exit_within, signal, start_worker, stop_worker};
+use mailer_testkit::smtp::SmtpServer;
 
 /// Makes `n` requests that are given up at once (one attempt allowed), their provider
 /// refusing every mail for now. (One that cannot be reached gives nothing up.)

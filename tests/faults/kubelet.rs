@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::process::{exit_within, free_port, http_get, signal, start_worker_with};
+use mailer_testkit::process::{exit_within, free_port, http_get, signal, start_worker_with};
 
 /// How long the kubelet waits before it starts a worker that exited again (its
 /// CrashLoopBackOff starts at 10s; shorter keeps the suite short).

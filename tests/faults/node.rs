@@ -1,7 +1,6 @@
 //! The private broker node a fault run disturbs (`.ci/rabbitmq-node.sh`), and a pipeline
 //! in a vhost of its own on it.
 
-use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 
@@ -48,7 +47,7 @@ impl Node {
 
     /// `rabbitmqctl ARGS` against the node; its output.
     pub fn ctl(&self, args: &[&str]) -> String {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/rabbitmq-node.sh");
+        let script = mailer_testkit::repo_root().join(".ci/rabbitmq-node.sh");
         let output = Command::new(script)
             .arg("ctl")
             .arg(self.version)

@@ -4,12 +4,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::faults::kubelet::Kubelet;
-use crate::faults::node::Pipeline;
-use crate::faults::proxy::{Mode, SmtpProxy};
-use crate::support::process::{eventually, within};
-use crate::support::smtp::SmtpServer;
+use crate::kubelet::Kubelet;
+use crate::node::Pipeline;
+use crate::proxy::{Mode, SmtpProxy};
 use crate::{Tally, delivered, depth, distinct, publish, secs, smtp_url};
+use mailer_testkit::process::{eventually, within};
+use mailer_testkit::smtp::SmtpServer;
 
 /// What `/readyz` says while the provider is paused.
 const PROVIDER_PAUSED: &str = "the provider cannot be reached";

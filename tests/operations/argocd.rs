@@ -11,8 +11,8 @@ use mailer::controller::reasons::condition_reasons;
 use mailer::topology::TopologyError;
 use serde_json::{Value, json};
 
-use crate::root;
 use crate::runbook::{reason_rows, runbook};
+use mailer_testkit::repo_root;
 
 /// Reasons the next version of the operator sets (tenancy and autoscaling); the check
 /// classifies them already, so adding them to controller::reasons is all it takes.
@@ -55,7 +55,7 @@ fn lua(value: &Value) -> String {
 /// Runs the health check on each object as Argo CD does (the object as the global
 /// `obj`, the chunk returning a table); (status, message) of each.
 fn health(objects: &[Value]) -> Vec<(String, String)> {
-    let check = root().join("deploy/argocd/health.lua");
+    let check = repo_root().join("deploy/argocd/health.lua");
     let mut script = format!(
         "local check = assert(loadfile({}))\nlocal objects = {}\n",
         lua(&json!(check.to_str().expect("UTF-8 path"))),
@@ -245,9 +245,10 @@ fn generations_and_missing_status_are_progressing_and_unknown_reasons_degraded()
 #[test]
 fn the_argocd_examples_install_this_check_and_point_at_what_exists() {
     let check =
-        std::fs::read_to_string(root().join("deploy/argocd/health.lua")).expect("health.lua");
+        std::fs::read_to_string(repo_root().join("deploy/argocd/health.lua")).expect("health.lua");
     let config_map: Value = serde_yaml::from_str(
-        &std::fs::read_to_string(root().join("examples/argocd/argocd-cm.yaml")).expect("argocd-cm"),
+        &std::fs::read_to_string(repo_root().join("examples/argocd/argocd-cm.yaml"))
+            .expect("argocd-cm"),
     )
     .expect("argocd-cm.yaml parses");
     assert_eq!(config_map["metadata"]["name"], "argocd-cm");
@@ -259,7 +260,7 @@ fn the_argocd_examples_install_this_check_and_point_at_what_exists() {
 
     let application = |file: &str| -> Value {
         serde_yaml::from_str(
-            &std::fs::read_to_string(root().join("examples/argocd").join(file)).expect(file),
+            &std::fs::read_to_string(repo_root().join("examples/argocd").join(file)).expect(file),
         )
         .expect("an Application")
     };
@@ -267,7 +268,11 @@ fn the_argocd_examples_install_this_check_and_point_at_what_exists() {
     assert_eq!(operator["kind"], "Application");
     let source = &operator["spec"]["source"];
     assert_eq!(source["path"], "charts/mailer-operator");
-    assert!(root().join("charts/mailer-operator/Chart.yaml").exists());
+    assert!(
+        repo_root()
+            .join("charts/mailer-operator/Chart.yaml")
+            .exists()
+    );
     let sync_options = operator["spec"]["syncPolicy"]["syncOptions"].to_string();
     assert!(
         sync_options.contains("ServerSideApply=true"),
@@ -276,7 +281,7 @@ fn the_argocd_examples_install_this_check_and_point_at_what_exists() {
     // Its values are the chart's.
     let values = serde_yaml::to_string(&source["helm"]["valuesObject"]).unwrap();
     let output = Command::new("python3")
-        .arg(root().join("tests/render_chart.py"))
+        .arg(repo_root().join("tests/render_chart.py"))
         .args(["template", "--values", "-"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
@@ -300,7 +305,7 @@ fn the_argocd_examples_install_this_check_and_point_at_what_exists() {
 
     let pipelines = application("mailer-pipelines.yaml");
     let source = &pipelines["spec"]["source"];
-    let dir = root().join(source["path"].as_str().expect("path"));
+    let dir = repo_root().join(source["path"].as_str().expect("path"));
     let include = source["directory"]["include"].as_str().expect("include");
     for file in include.trim_matches(['{', '}']).split(',') {
         assert!(

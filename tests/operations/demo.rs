@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::root;
-use crate::support::broker::{TestVhost, amqp_base, management_url, raw_api};
+use mailer_testkit::broker::{TestVhost, amqp_base, management_url, raw_api};
+use mailer_testkit::repo_root;
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -49,7 +49,9 @@ impl Fakes {
              \x20 echo $! >>'{pids}'\n\
              fi\n",
             log = self.dir.join("calls").display(),
-            fake = root().join("tests/operations/fake_broker.py").display(),
+            fake = repo_root()
+                .join("tests/operations/fake_broker.py")
+                .display(),
             pids = self.dir.join("pids").display(),
         );
         let path = self.dir.join("bin").join(name);
@@ -81,7 +83,7 @@ impl Drop for Fakes {
 /// Runs examples/demo.sh with the mailer these tests built, `path` as PATH and the
 /// broker's URLs on `amqp_port` and `management_port`.
 fn demo(path: &str, amqp_port: u16, management_port: u16) -> Output {
-    Command::new(root().join("examples/demo.sh"))
+    Command::new(repo_root().join("examples/demo.sh"))
         .env("PATH", path)
         .env("MAILER", env!("CARGO_BIN_EXE_mailer"))
         .env(
@@ -345,7 +347,7 @@ fn the_demo_delivers_a_mail_retries_a_parked_one_and_dead_letters_a_malformed_on
     // a person's `make demo` in mailer-demo or another run of this test.
     let vhost = TestVhost::fresh("demo");
     let work = WorkDir::new();
-    let mut command = Command::new(root().join("examples/demo.sh"));
+    let mut command = Command::new(repo_root().join("examples/demo.sh"));
     command
         .env("MAILER", env!("CARGO_BIN_EXE_mailer"))
         .env("RABBITMQ_MANAGEMENT_URL", management_url())

@@ -11,8 +11,8 @@ use mailer::spec::MailerPipelineSpec;
 use mailer::topology::{self, Topology};
 use serde_json::Value;
 
-use crate::root;
-use crate::support::broker::{TestBroker, TestVhost, management};
+use mailer_testkit::broker::{TestBroker, TestVhost, management};
+use mailer_testkit::repo_root;
 
 /// The user and group the image runs as (the Dockerfile's `USER`).
 const IMAGE_UID: u32 = 65532;
@@ -115,7 +115,7 @@ async fn the_image_runs_as_65532_and_its_worker_delivers_a_mail_from_the_real_br
     // The binary these tests were built with, packaged as `make image` packages the
     // release binary.
     let started = Instant::now();
-    let built = Command::new(root().join("deploy/image/build.sh"))
+    let built = Command::new(repo_root().join("deploy/image/build.sh"))
         .args([env!("CARGO_BIN_EXE_mailer"), &image, &base])
         .output()
         .expect("deploy/image/build.sh runs");

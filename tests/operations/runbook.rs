@@ -5,11 +5,11 @@
 use mailer::controller::reasons::{self, condition_reasons};
 use mailer::mail::DeadReason;
 
-use crate::root;
-use crate::support::metrics::{families, series_names};
+use mailer_testkit::metrics::{families, series_names};
+use mailer_testkit::repo_root;
 
 pub fn runbook() -> String {
-    std::fs::read_to_string(root().join("docs/operations.md")).expect("docs/operations.md")
+    std::fs::read_to_string(repo_root().join("docs/operations.md")).expect("docs/operations.md")
 }
 
 /// The rows of the runbook's reason tables: (reason, its Argo CD health column).
@@ -115,7 +115,7 @@ fn the_runbook_names_every_event_metric_and_dead_letter_reason() {
         );
     }
     assert!(text.contains("(dead-letters.md)"));
-    assert!(crate::root().join("docs/dead-letters.md").exists());
+    assert!(repo_root().join("docs/dead-letters.md").exists());
 }
 
 /// Every Rust source file under `dir`, read.
@@ -134,10 +134,10 @@ fn sources(dir: &std::path::Path, found: &mut Vec<(std::path::PathBuf, String)>)
 #[test]
 fn every_test_the_security_page_names_exists() {
     let page =
-        std::fs::read_to_string(crate::root().join("docs/security.md")).expect("docs/security.md");
+        std::fs::read_to_string(repo_root().join("docs/security.md")).expect("docs/security.md");
     let mut code = Vec::new();
-    sources(&crate::root().join("tests"), &mut code);
-    sources(&crate::root().join("src"), &mut code);
+    sources(&repo_root().join("tests"), &mut code);
+    sources(&repo_root().join("src"), &mut code);
     let mut named = 0;
     for row in page
         .lines()

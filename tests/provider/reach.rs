@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use mailer::provider::{self, ErrorClass, Provider};
 
 use crate::mail;
-use crate::support::smtp::{SmtpServer, TempDir, closed_port};
+use mailer_testkit::smtp::{SmtpServer, TempDir, closed_port};
 
 fn smtp(port: u16, options: &str) -> std::sync::Arc<dyn Provider> {
     provider::from_url(&format!("smtp://127.0.0.1:{port}?tls=none{options}")).expect("valid")

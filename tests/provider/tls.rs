@@ -9,8 +9,8 @@ use std::sync::Arc;
 use mailer::provider::{self, ErrorClass, Provider};
 
 use crate::mail;
-use crate::support::smtp::TempDir;
-use crate::support::tls::TestCa;
+use mailer_testkit::smtp::TempDir;
+use mailer_testkit::tls::TestCa;
 
 fn provider(url: &str, ca: Option<&Path>) -> Arc<dyn Provider> {
     provider::from_url_with(url, ca).expect("a valid provider")

@@ -12,11 +12,11 @@ use mailer::topology::{
 
 use mailer::topology::import::{POLICY_IMPORT_FROM, POLICY_IMPORT_PART};
 
-use crate::many::{self, OBJECTS_PER_PIPELINE};
-use crate::proxy::{Proxy, Recorded};
-use crate::support::broker::{
+use mailer_testkit::broker::{
     TestBroker, TestVhost, amqp_base, management, management_host, raw_api,
 };
+use mailer_testkit::management_proxy::{Proxy, Recorded};
+use mailer_testkit::many::OBJECTS_PER_PIPELINE;
 
 /// The requests of applying one pipeline in sync on its own: whether its vhost exists,
 /// then its own objects.
@@ -60,7 +60,8 @@ async fn pass_in_sync(proxy: &Proxy, topologies: &[topology::Topology]) -> Vec<S
 async fn a_pipeline_in_sync_costs_the_same_requests_whatever_shares_its_vhost() {
     assert_eq!(READS_PER_PIPELINE + 1, REQUESTS_PER_IN_SYNC_APPLY);
     let vhost = TestVhost::fresh("scale-cost");
-    let all = many::topologies(&vhost.name, 0..21, TestBroker::get().capabilities());
+    let all =
+        mailer_testkit::many::topologies(&vhost.name, 0..21, TestBroker::get().capabilities());
     let proxy = Proxy::start(&management_host(), Duration::ZERO).await;
 
     topology::apply_all(&management(), &all[..2])
@@ -109,7 +110,11 @@ fn boundary(writes: &[&Recorded], kinds: &[&str], next: &[&str]) -> (Instant, In
 async fn writes_are_bounded_in_flight_and_made_in_dependency_order() {
     let vhost = TestVhost::fresh("scale-bound");
     let pipelines = 6;
-    let all = many::topologies(&vhost.name, 0..pipelines, TestBroker::get().capabilities());
+    let all = mailer_testkit::many::topologies(
+        &vhost.name,
+        0..pipelines,
+        TestBroker::get().capabilities(),
+    );
     // Each write is held a while, so writes the client sends together overlap here.
     let proxy = Proxy::start(&management_host(), Duration::from_millis(25)).await;
     let m = proxy.management();
@@ -187,7 +192,11 @@ async fn a_conflict_in_any_pipeline_stops_the_pass_before_its_first_write() {
     .await;
     // Enough pipelines for the pass to read the vhost's definitions.
     let pipelines = DEFINITIONS_FROM + 2;
-    let all = many::topologies(&vhost.name, 0..pipelines, TestBroker::get().capabilities());
+    let all = mailer_testkit::many::topologies(
+        &vhost.name,
+        0..pipelines,
+        TestBroker::get().capabilities(),
+    );
     let proxy = Proxy::start(&management_host(), Duration::ZERO).await;
     let m = proxy.management();
 
@@ -234,13 +243,13 @@ async fn the_cli_applies_a_file_of_many_pipelines_in_one_pass() {
         .map(|i| {
             format!(
                 "apiVersion: mailer.dev/v1alpha1\nkind: MailerPipeline\nmetadata: {{name: p{i}}}\nspec: {}\n",
-                many::pipeline_spec_yaml(&vhost.name, i)
+                mailer_testkit::many::pipeline_spec_yaml(&vhost.name, i)
             )
         })
         .collect();
     std::fs::write(&file, documents.join("---\n")).expect("write the file");
     let file = file.to_str().expect("a path");
-    let url = crate::support::broker::management_url();
+    let url = mailer_testkit::broker::management_url();
     let apply = || crate::mailer(&["topology", "apply", "-f", file, "--management-url", &url]);
 
     // The first declares exchanges, queues and bindings over AMQP; the second, through
@@ -281,7 +290,11 @@ async fn declared_over_amqp_a_first_apply_makes_the_same_objects_and_only_polici
     let pipelines: usize = 90;
     let imports = (pipelines * 3).div_ceil(POLICY_IMPORT_PART);
     assert!(pipelines * 3 >= POLICY_IMPORT_FROM && imports == 2);
-    let all = many::topologies(&vhost.name, 0..pipelines, TestBroker::get().capabilities());
+    let all = mailer_testkit::many::topologies(
+        &vhost.name,
+        0..pipelines,
+        TestBroker::get().capabilities(),
+    );
     let proxy = Proxy::start(&management_host(), Duration::ZERO).await;
 
     // A URL the broker refuses: only the vhost is written, and the password is not said.

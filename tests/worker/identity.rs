@@ -4,9 +4,9 @@
 use lapin::BasicProperties;
 use serde_json::json;
 
-use crate::support::broker::{confirming_channel, pipeline, publish};
-use crate::support::process::{eventually, start_worker, stop_worker};
-use crate::support::smtp::SmtpServer;
+use mailer_testkit::broker::{confirming_channel, pipeline, publish};
+use mailer_testkit::process::{eventually, start_worker, stop_worker};
+use mailer_testkit::smtp::SmtpServer;
 
 #[tokio::test]
 async fn a_request_without_a_message_id_sends_the_same_message_id_on_every_attempt() {

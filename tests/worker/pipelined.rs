@@ -9,7 +9,7 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptio
 use lapin::{BasicProperties, ExchangeKind};
 use mailer::amqp::{PipelinedPublisher, PublishError};
 
-use crate::support::broker::{TestVhost, confirming_channel, no_args};
+use mailer_testkit::broker::{TestVhost, confirming_channel, no_args};
 
 const ROUTED: &str = "routed";
 const UNBOUND: &str = "unbound";

@@ -13,9 +13,9 @@ use lapin::BasicProperties;
 use lapin::options::BasicPublishOptions;
 use lapin::types::AMQPValue;
 
-use crate::support::broker::{TestBroker, confirming_channel, get_within, pipeline, text};
-use crate::support::process::{eventually, start_worker_with, stop_worker};
-use crate::support::smtp::SmtpServer;
+use mailer_testkit::broker::{TestBroker, confirming_channel, get_within, pipeline, text};
+use mailer_testkit::process::{eventually, start_worker_with, stop_worker};
+use mailer_testkit::smtp::SmtpServer;
 
 const MIB: usize = 1024 * 1024;
 

@@ -3,15 +3,8 @@
 //! replayed requests sent by a running worker through a real SMTP server (aiosmtpd). One
 //! vhost per test.
 
-pub mod support;
-
-#[path = "dead/harness.rs"]
 mod harness;
-#[path = "dead/limit.rs"]
 mod limit;
-#[path = "dead/reading.rs"]
 mod reading;
-#[path = "dead/reasons.rs"]
 mod reasons;
-#[path = "dead/replay.rs"]
 mod replay;

@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use super::fake_api::managers::Managers;
+use mailer_testkit::fake_api::managers::Managers;
 
 const KEY: &str = "/apis/apps/v1/namespaces/prod/deployments/w";
 

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::smtp::{SmtpServer, TempDir};
+use crate::smtp::{SmtpServer, TempDir};
 
 /// The CA's files (removed with the directory): `ca.pem`, and for each leaf (`server`,
 /// `expired`, `wrong-name`) `<leaf>.pem` and `<leaf>.key`.
@@ -13,7 +13,7 @@ pub struct TestCa(TempDir);
 impl TestCa {
     pub fn generate() -> Self {
         let dir = TempDir::new("ca");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/test_ca.py");
+        let script = crate::repo_root().join("tests/test_ca.py");
         let status = Command::new("python3")
             .arg(script)
             .arg(&dir.0)

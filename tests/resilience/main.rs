@@ -4,23 +4,21 @@
 //! connection for a while. (Broker restarts and alarms run on private
 //! nodes: tests/faults.rs, `make faults`.)
 
-pub mod support;
-
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::BasicProperties;
-use serde_json::json;
-use support::broker::{
+use mailer_testkit::broker::{
     TestVhost, confirming_channel, get_within, pipeline, publish, raw_api, text,
 };
-use support::inproc::{InProcess, settled};
-use support::process::{
+use mailer_testkit::inproc::{InProcess, settled};
+use mailer_testkit::process::{
     eventually, exit_within, free_port, http_get, signal, start_worker_with, stop_worker,
 };
-use support::provider::TestProvider;
-use support::smtp::{SmtpServer, TempDir, closed_port};
+use mailer_testkit::provider::TestProvider;
+use mailer_testkit::smtp::{SmtpServer, TempDir, closed_port};
+use serde_json::json;
 
 fn request(to: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({
@@ -255,7 +253,7 @@ async fn losing_the_consuming_connection_abandons_every_send_at_once_connects_ag
 #[tokio::test]
 async fn returns_are_matched_to_their_own_publish_when_many_are_in_flight() {
     let vhost = pipeline("returns", "").await;
-    support::broker::remove_retry_binding(&vhost).await;
+    mailer_testkit::broker::remove_retry_binding(&vhost).await;
     let connection = vhost.connect().await;
     let channel = confirming_channel(&connection).await;
     // Eight parks that the broker returns (no binding behind mail.retry) and eight dead

@@ -7,19 +7,7 @@
 //! Needs buildah, lua5.1 and promtool (.ci/run installs them) and the real broker at
 //! 127.0.0.1; each broker test works in a vhost of its own.
 
-pub mod support;
-
-#[path = "operations/argocd.rs"]
 mod argocd;
-#[path = "operations/demo.rs"]
 mod demo;
-#[path = "operations/image.rs"]
 mod image;
-#[path = "operations/runbook.rs"]
 mod runbook;
-
-use std::path::PathBuf;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}

@@ -2,13 +2,6 @@
 //! apply writes nothing, drift, conflicts, deletion, and that the policies really work;
 //! and (`topology/scale.rs`) what a pass over many pipelines costs the management API.
 
-pub mod support;
-
-#[path = "topology/many.rs"]
-mod many;
-#[path = "topology/proxy.rs"]
-mod proxy;
-#[path = "topology/scale.rs"]
 mod scale;
 
 use std::process::Command;
@@ -20,11 +13,11 @@ use lapin::types::{AMQPValue, FieldTable};
 use mailer::spec::{DeletionPolicy, MailerPipelineSpec};
 use mailer::topology::EmptinessCheck;
 use mailer::topology::{self, BrokerCapabilities, Removed, Topology, TopologyError};
-use rabbitmq_http_client::commons::BindingDestinationType;
-use serde_json::{Value, json};
-use support::broker::{
+use mailer_testkit::broker::{
     self, TestBroker, TestVhost, confirming_channel, get_within, management, publish, raw_api, text,
 };
+use rabbitmq_http_client::commons::BindingDestinationType;
+use serde_json::{Value, json};
 
 fn spec(vhost: &str, extra: &str) -> MailerPipelineSpec {
     serde_yaml::from_str(&format!("rabbitmq: {{vhost: {vhost}}}\n{extra}")).expect("spec")
@@ -234,7 +227,7 @@ async fn drift_made_by_hand_is_repaired() {
     };
     edited.definition.insert("message-ttl".into(), json!(1000));
     api.declare_policy(&edited).await.unwrap();
-    support::broker::remove_retry_binding(&vhost).await;
+    mailer_testkit::broker::remove_retry_binding(&vhost).await;
 
     let changes: Vec<String> = topology::apply(&management(), &t)
         .await
@@ -813,7 +806,7 @@ fn tempdir() -> std::path::PathBuf {
 
 #[tokio::test]
 async fn policies_written_together_each_learn_their_own_outcome() {
-    let vhost = support::broker::TestVhost::created("together").await;
+    let vhost = mailer_testkit::broker::TestVhost::created("together").await;
     let management = std::sync::Arc::new(management());
     let policy = |name: &str, definition: Value| mailer::topology::desired::Policy {
         name: name.into(),

@@ -13,7 +13,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use mailer::spec::MailerPipeline;
 use serde_json::json;
 
-use super::fake_api::FakeApi;
+use mailer_testkit::fake_api::FakeApi;
 
 const NS: &str = "prod";
 
@@ -367,7 +367,7 @@ async fn a_compacted_resource_version_is_gone_and_pages_continue() {
 }
 
 mod address {
-    use super::super::fake_api::address::*;
+    use mailer_testkit::fake_api::address::*;
 
     #[test]
     fn paths_parse_into_addresses() {
@@ -405,7 +405,7 @@ mod address {
 }
 
 mod selector {
-    use super::super::fake_api::selector::*;
+    use mailer_testkit::fake_api::selector::*;
     use serde_json::json;
 
     #[test]
@@ -436,7 +436,7 @@ mod selector {
 }
 
 mod patch {
-    use super::super::fake_api::patch::*;
+    use mailer_testkit::fake_api::patch::*;
     use serde_json::json;
 
     #[test]

@@ -3,13 +3,9 @@
 //! carry-over, the unroutable park, SIGTERM and SIGKILL mid-stream; many parks in flight on
 //! one channel, some unroutable; the request size limit.
 
-pub mod support;
-
-mod worker {
-    pub mod identity;
-    pub mod pipelined;
-    pub mod size;
-}
+pub mod identity;
+pub mod pipelined;
+pub mod size;
 
 use std::collections::BTreeSet;
 use std::process::{Child, Command};
@@ -18,22 +14,22 @@ use std::time::{Duration, Instant};
 use lapin::options::{BasicAckOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel};
+use mailer_testkit::broker::{TestVhost, confirming_channel, get_within, publish, text};
+use mailer_testkit::process::exit_within;
+use mailer_testkit::smtp::{SmtpServer, closed_port};
 use serde_json::json;
-use support::broker::{TestVhost, confirming_channel, get_within, publish, text};
-use support::process::exit_within;
-use support::smtp::{SmtpServer, closed_port};
 
 /// Applies the default topology with a short retry delay to a fresh vhost.
 async fn pipeline(test: &str) -> TestVhost {
-    support::broker::pipeline(test, "").await
+    mailer_testkit::broker::pipeline(test, "").await
 }
 
 fn start_worker(vhost: &TestVhost, provider_url: &str, max_attempts: u32) -> Child {
-    support::process::start_worker(&vhost.amqp_url(), provider_url, max_attempts)
+    mailer_testkit::process::start_worker(&vhost.amqp_url(), provider_url, max_attempts)
 }
 
 fn terminate(child: &Child) {
-    support::process::signal(child, "TERM");
+    mailer_testkit::process::signal(child, "TERM");
 }
 
 fn request(to: &[&str]) -> Vec<u8> {
@@ -320,7 +316,7 @@ async fn every_row_of_the_outcome_table_holds_end_to_end() {
 #[tokio::test]
 async fn an_unroutable_park_stops_the_worker_and_the_delivery_limit_dead_letters_it() {
     let vhost = pipeline("unroutable").await;
-    support::broker::remove_retry_binding(&vhost).await;
+    mailer_testkit::broker::remove_retry_binding(&vhost).await;
     let connection = vhost.connect().await;
     let channel = confirming_channel(&connection).await;
     publish(

@@ -65,7 +65,7 @@ impl SmtpServer {
     }
 
     fn start_with(port: u16, mail_dir: TempDir, extra: &[&Path]) -> Self {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smtp_server.py");
+        let script = crate::repo_root().join("tests/smtp_server.py");
         let mut child = Command::new("python3")
             .arg(&script)
             .arg(port.to_string())

@@ -7,30 +7,26 @@
 //! worker took to exit or recover. Ignored by `cargo test`: `make faults` starts the node and runs them one at a
 //! time, for RabbitMQ 3.10 and 4.0 (`MAILER_FAULT_BROKER`).
 
-pub mod support;
-
-mod faults {
-    pub mod kubelet;
-    pub mod node;
-    pub mod proxy;
-    mod smtp;
-}
+pub mod kubelet;
+pub mod node;
+pub mod proxy;
+mod smtp;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use faults::kubelet::Kubelet;
-use faults::node::{Node, Pipeline, Undo};
-use faults::proxy::{Mode, SmtpProxy};
+use kubelet::Kubelet;
 use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use mailer_testkit::inproc::InProcess;
+use mailer_testkit::process::eventually;
+use mailer_testkit::provider::TestProvider;
+use mailer_testkit::smtp::SmtpServer;
+use node::{Node, Pipeline, Undo};
+use proxy::{Mode, SmtpProxy};
 use serde_json::json;
-use support::inproc::InProcess;
-use support::process::eventually;
-use support::provider::TestProvider;
-use support::smtp::SmtpServer;
 
 /// Publishes the requests with ids `f-{i:04}` for `i` in `range`, to the recipient `to(i)`
 /// gives.
@@ -180,7 +176,7 @@ impl Tally {
             timing
         );
         println!("{line}");
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/target/faults.md");
+        let path = mailer_testkit::repo_root().join("target/faults.md");
         let mut file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -3,19 +3,15 @@
 //!
 //! These tests need `python3` with aiosmtpd; without it they fail rather than skip.
 
-pub mod support;
-
-#[path = "provider/reach.rs"]
 mod reach;
-#[path = "provider/tls.rs"]
 mod tls;
 
 use std::process::Command;
 
 use mailer::message::{Mail, parse_request};
 use mailer::provider::{self, ErrorClass};
+use mailer_testkit::smtp::{SmtpServer, TempDir, closed_port};
 use serde_json::json;
-use support::smtp::{SmtpServer, TempDir, closed_port};
 
 pub fn mail(to: &[&str], message_id: &str) -> Mail {
     mail_from("Shop <noreply@shop.example>", to, message_id)

@@ -13,21 +13,12 @@
 //! promtool, checkov, jactionlint and shellcheck (see .ci/run); no cluster and no
 //! network.
 
-pub mod support;
-
-#[path = "chart/checkov.rs"]
 mod checkov;
-#[path = "chart/manifests.rs"]
 mod manifests;
-#[path = "chart/monitoring.rs"]
 mod monitoring;
-#[path = "chart/rbac.rs"]
 mod rbac;
-#[path = "chart/release.rs"]
 mod release;
-#[path = "chart/render.rs"]
 mod render;
-#[path = "chart/values.rs"]
 mod values;
 
 use std::collections::BTreeSet;
@@ -36,9 +27,10 @@ use std::path::Path;
 use mailer::cli::controller::DEFAULT_WORKER_IMAGE;
 use serde_json::{Value, json};
 
+use mailer_testkit::repo_root;
 use render::{
     FULLNAME, NAMESPACE, RELEASE, chart_dir, container, env, env_value, kinds, one,
-    parse_documents, rejected, render_chart, root, template, try_template,
+    parse_documents, rejected, render_chart, template, try_template,
 };
 
 /// Values that turn on every optional object, in watched namespaces.
@@ -432,7 +424,7 @@ fn the_notes_say_what_was_installed() {
 
 #[test]
 fn the_charts_crd_is_the_one_mailer_crd_generated() {
-    let root_crd = root().join("crds/mailerpipeline.yaml");
+    let root_crd = repo_root().join("crds/mailerpipeline.yaml");
     let chart_crd = chart_dir().join("crds/mailerpipeline.yaml");
     let generated = std::fs::read(&root_crd).unwrap_or_else(|e| {
         panic!(
@@ -528,8 +520,8 @@ fn the_chart_needs_kubernetes_1_28_and_keeps_its_crd() {
     for document in [
         chart_dir().join("templates/NOTES.txt"),
         chart_dir().join("README.md"),
-        root().join("README.md"),
-        root().join("docs/operations.md"),
+        repo_root().join("README.md"),
+        repo_root().join("docs/operations.md"),
     ] {
         let text = std::fs::read_to_string(&document).expect("document");
         assert!(

@@ -6,69 +6,32 @@
 //! `end_to_end_on_a_real_cluster` runs only with `--ignored` and a `KUBECONFIG`; see
 //! its doc comment.
 
-pub mod support;
-
-#[path = "controller/autoscaling.rs"]
 mod autoscaling;
-#[path = "controller/broker.rs"]
 mod broker;
-#[path = "controller/claims.rs"]
 mod claims;
-#[path = "controller/clients.rs"]
 mod clients;
-#[path = "controller/coexistence.rs"]
 mod coexistence;
-#[path = "controller/deletion.rs"]
 mod deletion;
-#[path = "controller/e2e.rs"]
 mod e2e;
-#[path = "controller/failures.rs"]
 mod failures;
-#[path = "controller/fake_api/mod.rs"]
-pub mod fake_api;
-#[path = "controller/fake_api/conformance.rs"]
 mod fake_api_conformance;
-#[path = "controller/fake_api/managers_tests.rs"]
 mod fake_api_managers;
-#[path = "controller/flow.rs"]
 mod flow;
-#[path = "controller/harness.rs"]
 mod harness;
-#[path = "controller/hostile.rs"]
 mod hostile;
-#[path = "controller/leadership.rs"]
 mod leadership;
-#[path = "controller/mailserver.rs"]
 mod mailserver;
-#[path = "topology/many.rs"]
-pub mod many;
-#[path = "controller/operator_pod.rs"]
 mod operator_pod;
-#[path = "controller/ownership.rs"]
 mod ownership;
-#[path = "controller/phases.rs"]
 mod phases;
-#[path = "controller/postfix.rs"]
 mod postfix;
-#[path = "controller/process.rs"]
 mod process;
-#[path = "controller/provider_ca.rs"]
 mod provider_ca;
-#[path = "topology/proxy.rs"]
-pub mod proxy;
-#[path = "controller/readme.rs"]
 mod readme;
-#[path = "controller/reconciles.rs"]
-mod reconciles;
-#[path = "controller/running.rs"]
 mod running;
-#[path = "controller/scale.rs"]
 mod scale;
-#[path = "controller/status.rs"]
 mod status;
-#[path = "controller/tenancy.rs"]
 mod tenancy;
-#[path = "controller/worker_pod.rs"]
 mod worker_pod;
 
 use std::time::Duration;
@@ -80,7 +43,8 @@ use mailer::controller::runtime::leader::LeaderElection;
 use mailer::spec::MailerPipeline;
 use serde_json::{Value, json};
 
-use fake_api::FakeApi;
+use mailer_testkit::fake_api::FakeApi;
+use mailer_testkit::pipeline::PipelineSpec;
 
 #[test]
 fn the_checked_in_crd_is_what_mailer_crd_prints() {
@@ -152,11 +116,15 @@ fn cel_errors(spec: Value) -> Vec<String> {
 #[test]
 fn cel_rules_want_exactly_one_connection() {
     assert_eq!(
-        cel_errors(json!({"rabbitmq": {"connectionSecret": {"name": "c"}}})),
+        cel_errors(PipelineSpec::new().connection_secret("c").build()),
         Vec::<String>::new()
     );
     assert_eq!(
-        cel_errors(json!({"rabbitmq": {"clusterRef": {"name": "r"}}})),
+        cel_errors(
+            PipelineSpec::new()
+                .cluster_ref(json!({"name": "r"}))
+                .build()
+        ),
         Vec::<String>::new()
     );
     for spec in [
@@ -175,7 +143,12 @@ fn cel_rules_want_exactly_one_connection() {
 
 #[test]
 fn cel_rules_want_distinct_unreserved_names() {
-    let with = |topology: Value| json!({"rabbitmq": {"connectionSecret": {"name": "c"}}, "topology": topology});
+    let with = |topology: Value| {
+        PipelineSpec::new()
+            .connection_secret("c")
+            .topology(json!(topology))
+            .build()
+    };
     let errors = cel_errors(with(json!({"deadQueue": "mail.send"})));
     assert!(
         errors.iter().any(|e| e.contains("must all be different")),
@@ -191,7 +164,12 @@ fn cel_rules_want_distinct_unreserved_names() {
 
 #[test]
 fn cel_rules_want_min_replicas_at_most_max_and_allow_zero() {
-    let with = |autoscaling: Value| json!({"rabbitmq": {"connectionSecret": {"name": "c"}}, "worker": {"autoscaling": autoscaling}});
+    let with = |autoscaling: Value| {
+        PipelineSpec::new()
+            .connection_secret("c")
+            .worker(json!({"autoscaling": autoscaling}))
+            .build()
+    };
     assert!(cel_errors(with(json!({"minReplicas": 0, "maxReplicas": 3}))).is_empty());
     assert!(cel_errors(with(json!({"minReplicas": 3, "maxReplicas": 3}))).is_empty());
     let errors = cel_errors(with(json!({"minReplicas": 4, "maxReplicas": 3})));
@@ -208,7 +186,7 @@ fn cel_rules_want_min_replicas_at_most_max_and_allow_zero() {
 /// are for the standalone CLI, which is given the broker on its command line.
 #[test]
 fn the_examples_are_valid_pipelines() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
+    let dir = mailer_testkit::repo_root().join("examples");
     let mut pipelines = 0;
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -241,7 +219,7 @@ fn the_examples_are_valid_pipelines() {
 
 #[test]
 fn the_operator_manifest_runs_the_controller_with_the_permissions_it_uses() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/operator.yaml");
+    let path = mailer_testkit::repo_root().join("deploy/operator.yaml");
     let text = std::fs::read_to_string(path).unwrap();
     let documents: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
         .map(|d| serde::Deserialize::deserialize(d).unwrap())

@@ -103,7 +103,7 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 
 /// Starts `mailer worker` with `env` on top of the defaults of [`start_worker`].
 pub fn start_worker_with(amqp_url: &str, provider_url: &str, env: &[(&str, &str)]) -> Child {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_mailer"));
+    let mut command = Command::new(crate::mailer_bin());
     command
         .arg("worker")
         .env("MAIL_AMQP_URL", amqp_url)
