@@ -5,7 +5,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 IMAGE ?= ghcr.io/mailer-operator/mailer:$(VERSION)
 
 build:
-	cargo build --release
+	cargo build --release --locked --bin mailer
 
 # The README's test command: unit tests, and integration tests against the real
 # RabbitMQ 3.10 at 127.0.0.1 (5672, 15672 with guest/guest) and a real SMTP server
@@ -73,7 +73,7 @@ bench:
 # buildah's vfs storage (buildah --storage-driver vfs images) and its size printed. Needs
 # buildah, as root. Users without buildah: docker build -t $(IMAGE) .
 image:
-	cargo build --release --locked
+	cargo build --release --locked --bin mailer
 	deploy/image/build.sh target/release/mailer $(IMAGE)
 
 # What is generated from another file and checked in (tests fail when they differ):

@@ -147,7 +147,7 @@ step "build"
 if [[ -n ${MAILER:-} ]]; then
   echo "using $mailer"
 else
-  cargo build --release --locked --quiet
+  cargo build --release --locked --quiet --bin mailer
 fi
 
 if [[ -z $pipeline ]]; then
