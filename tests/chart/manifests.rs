@@ -1,18 +1,12 @@
 //! The manifests beside the chart: deploy/operator.yaml is the chart's render (`make
 //! manifests`), so plain-manifest users get exactly what Helm users get.
 
-use std::process::Command;
-
 use crate::render::parse_documents;
 use mailer_testkit::repo_root;
 
 #[test]
 fn deploy_operator_yaml_is_the_charts_render() {
-    let output = Command::new("python3")
-        .arg(repo_root().join("tests/render_chart.py"))
-        .arg("deploy")
-        .output()
-        .expect("python3 runs tests/render_chart.py");
+    let output = mailer_testkit::chart::render_chart(&["deploy"], "");
     assert!(
         output.status.success(),
         "{}",

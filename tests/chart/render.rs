@@ -2,9 +2,7 @@
 //! made.
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
 
 use mailer_testkit::repo_root;
 use serde::Deserialize;
@@ -28,31 +26,7 @@ pub fn chart_dir() -> PathBuf {
     repo_root().join("charts/mailer-operator")
 }
 
-/// Runs tests/render_chart.py with `args`, `values` (YAML) on its standard input.
-pub fn render_chart(args: &[&str], values: &str) -> Output {
-    let mut child = Command::new("python3")
-        .arg(repo_root().join("tests/render_chart.py"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 runs tests/render_chart.py");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(values.as_bytes())
-        .expect("values written");
-    let output = child.wait_with_output().expect("render_chart.py finished");
-    assert_ne!(
-        output.status.code(),
-        Some(3),
-        "a package is missing: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
-}
+pub use mailer_testkit::chart::render_chart;
 
 /// `helm template` with `values`, every object validated against Kubernetes' schemas.
 /// Err holds Helm's message.

@@ -60,27 +60,21 @@ const IMAGE_HOME: &str = "/home/nonroot";
 /// Renders the chart with `values` (YAML) as `helm template --release <release>
 /// --namespace <namespace>` would; every object.
 pub fn render_chart(release: &str, namespace: &str, values: &str) -> Vec<Value> {
-    use std::io::Write;
-    let root = mailer_testkit::repo_root();
-    let mut child = Command::new("python3")
-        .arg(root.join("tests/render_chart.py"))
-        .args(["template", "--release", release, "--namespace", namespace])
-        .args(["--values", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 runs tests/render_chart.py");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(values.as_bytes())
-        .expect("the values are written");
-    let output = child.wait_with_output().expect("render_chart.py finished");
+    let output = mailer_testkit::chart::render_chart(
+        &[
+            "template",
+            "--release",
+            release,
+            "--namespace",
+            namespace,
+            "--values",
+            "-",
+        ],
+        values,
+    );
     assert!(
         output.status.success(),
-        "the chart does not render (python3 -m pip install helm-python-sdk==0.2.2): {}",
+        "the chart does not render: {}",
         String::from_utf8_lossy(&output.stderr)
     );
     let text = String::from_utf8(output.stdout).expect("UTF-8 manifests");

@@ -280,23 +280,7 @@ fn the_argocd_examples_install_this_check_and_point_at_what_exists() {
     );
     // Its values are the chart's.
     let values = serde_yaml::to_string(&source["helm"]["valuesObject"]).unwrap();
-    let output = Command::new("python3")
-        .arg(repo_root().join("tests/render_chart.py"))
-        .args(["template", "--values", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(values.as_bytes())?;
-            child.wait_with_output()
-        })
-        .expect("render_chart.py");
+    let output = mailer_testkit::chart::render_chart(&["template", "--values", "-"], &values);
     assert!(
         output.status.success(),
         "the Application's values: {}",
