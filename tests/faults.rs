@@ -104,6 +104,7 @@ fn distinct(ids: &[String]) -> usize {
 
 /// What became of every published request, once the worker stopped.
 struct Tally {
+    broker: String,
     fault: &'static str,
     published: BTreeSet<String>,
     delivered: Vec<String>,
@@ -124,6 +125,7 @@ impl Tally {
             waiting.extend(pipeline.take_all(queue).await.into_iter().map(|(id, _)| id));
         }
         Self {
+            broker: pipeline.broker.label.clone(),
             fault,
             published,
             delivered,
@@ -168,7 +170,7 @@ impl Tally {
         let lost = self.lost();
         let line = format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            Node::get().version,
+            self.broker,
             self.fault,
             self.published.len(),
             distinct(&self.delivered),
