@@ -10,10 +10,17 @@
 pub mod support;
 
 mod faults {
+    pub mod cluster;
+    pub mod flow;
     pub mod kubelet;
     pub mod node;
+    pub mod on_cluster;
     pub mod proxy;
 }
+#[path = "controller/fake_api/mod.rs"]
+pub mod fake_api;
+#[path = "controller/harness.rs"]
+pub mod harness;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
