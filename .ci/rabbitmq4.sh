@@ -33,7 +33,7 @@ node_env=(
   LANG=C.UTF-8
   ERL_EPMD_PORT=4370
   RABBITMQ_NODENAME=rabbit4@localhost
-  RABBITMQ_NODE_PORT=$AMQP_PORT
+  RABBITMQ_NODE_PORT="$AMQP_PORT"
   RABBITMQ_DIST_PORT=25673
   RABBITMQ_CTL_DIST_PORT_MIN=35690
   RABBITMQ_CTL_DIST_PORT_MAX=35699
@@ -43,6 +43,7 @@ log() { printf '[rabbitmq4] %s\n' "$*" >&2; }
 
 # The Debian archive (not its security archive) of the machine's own apt sources, as
 # apt-get uses them; asks apt to read its sources first when it has no lists yet.
+# shellcheck disable=SC2016 # $(REPO_URI) and $(RELEASE) are apt's fields, not the shell's
 debian_mirror() {
   local found
   found=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 'Created-By: Packages' 2>/dev/null |

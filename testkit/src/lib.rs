@@ -1,7 +1,8 @@
 //! What mailer's integration tests (`tests/<area>/main.rs`, one binary per area) and its
 //! benchmarks share, in one place: the real RabbitMQ and a vhost per test ([`broker`]),
 //! the real SMTP server ([`smtp`], [`tls`]), the chart as Helm renders it ([`chart`]), the worker as a process or in-process
-//! ([`process`], [`inproc`]), the in-memory Kubernetes API server ([`fake_api`]), a
+//! ([`process`], [`inproc`]), the in-memory Kubernetes API server ([`fake_api`]) and the operator reconciling against
+//! it ([`operator`]), a
 //! recording proxy in front of the management API ([`management_proxy`]), and pipelines
 //! as tests write them ([`pipeline`], [`many`]). Each test binary uses only part of it.
 
@@ -12,6 +13,7 @@ pub mod inproc;
 pub mod management_proxy;
 pub mod many;
 pub mod metrics;
+pub mod operator;
 pub mod pipeline;
 pub mod process;
 pub mod provider;
@@ -20,6 +22,7 @@ pub mod smtp;
 pub mod tls;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The repository's root: the scripts and files the tests run or read (e.g.
 /// `tests/smtp_server.py`, `examples/`) are found from there, whichever binary runs them.
@@ -41,4 +44,19 @@ pub fn mailer_bin() -> PathBuf {
         .and_then(Path::parent)
         .expect("the test binary is in target/<profile>/deps");
     profile_dir.join("mailer")
+}
+
+static UNIQUE: AtomicU32 = AtomicU32::new(0);
+
+/// A name no other test, nor another run of this one, uses (it also names the worker
+/// user, which is not confined to a vhost).
+pub fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "{prefix}-{}-{}-{nanos}",
+        std::process::id(),
+        UNIQUE.fetch_add(1, Ordering::Relaxed)
+    )
 }

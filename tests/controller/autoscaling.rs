@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 
 use super::broker::secret_uri;
 use super::broker::unique_pipeline;
-use super::harness::*;
 use mailer_testkit::broker::TestVhost;
+use mailer_testkit::operator::*;
 use mailer_testkit::pipeline::PipelineSpec;
 
 const KEDA: &str = "/apis/keda.sh/v1alpha1";
@@ -25,7 +25,7 @@ fn trigger_authentication_path(name: &str) -> String {
 }
 
 fn spec(vhost: &str) -> Value {
-    PipelineSpec::new().vhost(&vhost).worker(json!({"replicas": 2, "autoscaling": {"minReplicas": 0, "maxReplicas": 10, "messagesPerWorker": 20}})).build()
+    PipelineSpec::new().vhost(vhost).worker(json!({"replicas": 2, "autoscaling": {"minReplicas": 0, "maxReplicas": 10, "messagesPerWorker": 20}})).build()
 }
 
 fn status_of(h: &Harness, name: &str) -> Value {

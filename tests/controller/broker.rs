@@ -12,26 +12,13 @@ pub fn secret_uri() -> String {
 /// A port nothing listens on, for a broker that is gone.
 pub const CLOSED_MANAGEMENT_URL: &str = "http://127.0.0.1:1";
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// A name no other test, nor another run of this one, uses (it also names the worker
-/// user, which is not confined to a vhost).
-pub fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!(
-        "{prefix}-{}-{}-{nanos}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
+pub use mailer_testkit::unique;
 
 /// A pipeline name of [`unique`], and the removal of the user the operator makes for its
 /// workers once the test ends, however it ends.
 pub fn unique_pipeline(prefix: &str) -> (String, UserCleanup) {
     let name = unique(prefix);
-    let users = UserCleanup(vec![super::harness::worker_user(&name)]);
+    let users = UserCleanup(vec![mailer_testkit::operator::worker_user(&name)]);
     (name, users)
 }
 

@@ -15,17 +15,17 @@ use serde_json::{Value, json};
 
 use super::broker::unique_pipeline;
 use super::broker::{UserCleanup, eventually, secret_uri, unique};
-use super::harness::*;
 use super::hostile::{broker_state, edit_spec, put_pipeline, reconcile_in};
 use mailer_testkit::broker::{
     TestBroker, TestVhost, confirming_channel, management, management_host, publish, raw_api,
 };
 use mailer_testkit::management_proxy::Proxy;
+use mailer_testkit::operator::*;
 use mailer_testkit::pipeline::PipelineSpec;
 
 fn spec(vhost: &str) -> Value {
     PipelineSpec::new()
-        .vhost(&vhost)
+        .vhost(vhost)
         .deletion_policy("Delete")
         .build()
 }

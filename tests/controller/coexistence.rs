@@ -6,8 +6,8 @@ use serde_json::{Value, json};
 
 use super::broker::secret_uri;
 use super::broker::unique_pipeline;
-use super::harness::*;
 use mailer_testkit::broker::{TestVhost, raw_api};
+use mailer_testkit::operator::*;
 use mailer_testkit::pipeline::PipelineSpec;
 
 fn foreign_deployment(name: &str, owner: Option<Value>) -> Value {

@@ -9,8 +9,8 @@ use serde_json::json;
 
 use super::broker::unique_pipeline;
 use super::broker::{CLOSED_MANAGEMENT_URL, UserCleanup, secret_uri, unique};
-use super::harness::*;
 use mailer_testkit::broker::{TestVhost, raw_api};
+use mailer_testkit::operator::*;
 use mailer_testkit::pipeline::PipelineSpec;
 
 /// The broker is away when the pipeline is deleted, and comes back: the cleanup is

@@ -12,8 +12,8 @@ use mailer::controller::error_policy;
 use serde_json::json;
 
 use super::broker::{CLOSED_MANAGEMENT_URL, secret_uri};
-use super::harness::*;
 use mailer_testkit::broker::{TestVhost, raw_api};
+use mailer_testkit::operator::*;
 use mailer_testkit::pipeline::PipelineSpec;
 
 #[tokio::test]
@@ -24,7 +24,7 @@ async fn deletion_completes_when_the_broker_its_secret_or_its_cluster_is_gone() 
     let spec = |secret: &str| {
         PipelineSpec::new()
             .vhost("gone")
-            .connection_secret(&secret)
+            .connection_secret(secret)
             .deletion_policy("Delete")
             .build()
     };

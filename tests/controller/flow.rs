@@ -9,9 +9,9 @@ use serde_json::json;
 
 use super::broker::unique_pipeline;
 use super::broker::{UserCleanup, eventually, secret_uri, unique};
-use super::harness::*;
 use super::worker_pod;
 use mailer_testkit::broker::{TestVhost, confirming_channel, publish, raw_api};
+use mailer_testkit::operator::*;
 use mailer_testkit::pipeline::PipelineSpec;
 
 #[tokio::test]

@@ -16,9 +16,9 @@ use mailer::topology::ownership::Claim;
 use serde_json::{Value, json};
 
 use super::broker::{UserCleanup, secret_uri, unique};
-use super::harness::*;
 use mailer_testkit::broker::{TestBroker, TestVhost, management, management_host};
 use mailer_testkit::fake_api::Recorded;
+use mailer_testkit::operator::*;
 use mailer_testkit::pipeline::PipelineSpec;
 
 /// The namespace of the other tenant, whose pipeline the hostile one goes after.
@@ -297,7 +297,7 @@ async fn platform_vhost() -> TestVhost {
 
 fn delete_policy(vhost: &str) -> Value {
     PipelineSpec::new()
-        .vhost(&vhost)
+        .vhost(vhost)
         .deletion_policy("Delete")
         .build()
 }

@@ -12,8 +12,8 @@ use mailer::telemetry::Health;
 use tokio::sync::watch;
 
 use super::broker::{BlackHole, eventually};
-use super::harness::*;
 use mailer_testkit::fake_api::FakeApi;
+use mailer_testkit::operator::*;
 use mailer_testkit::pipeline::PipelineSpec;
 
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases";

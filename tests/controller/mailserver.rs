@@ -14,13 +14,13 @@ use serde_json::{Value, json};
 
 use super::broker::unique_pipeline;
 use super::broker::{eventually, secret_uri};
-use super::harness::*;
 use super::operator_pod::{
     ApiServerTls, OperatorPod, PodIdentity, ServiceAccountToken, of_kind, render_chart,
 };
 use super::postfix::{DOMAIN, Postfix};
 use super::worker_pod;
 use mailer_testkit::broker::{TestVhost, confirming_channel, management_url, publish};
+use mailer_testkit::operator::*;
 use mailer_testkit::tls::TestCa;
 
 const RELEASE: &str = "mailer";

@@ -17,7 +17,6 @@ mod failures;
 mod fake_api_conformance;
 mod fake_api_managers;
 mod flow;
-mod harness;
 mod hostile;
 mod leadership;
 mod mailserver;

@@ -10,8 +10,8 @@ use mailer::controller::reconcile;
 use serde_json::{Value, json};
 
 use super::broker::{UserCleanup, secret_uri, unique};
-use super::harness::*;
 use mailer_testkit::broker::{TestVhost, raw_api};
+use mailer_testkit::operator::*;
 use mailer_testkit::pipeline::PipelineSpec;
 
 /// What the event of a deleted pipeline that held nothing in the broker says.
@@ -19,7 +19,7 @@ const NOTHING_HELD: &str = "nothing in RabbitMQ was this pipeline's";
 
 fn spec(vhost: &str) -> Value {
     PipelineSpec::new()
-        .vhost(&vhost)
+        .vhost(vhost)
         .deletion_policy("Delete")
         .build()
 }

@@ -5,8 +5,8 @@ use serde_json::json;
 
 use super::broker::secret_uri;
 use super::broker::unique_pipeline;
-use super::harness::*;
 use mailer_testkit::broker::{TestVhost, raw_api};
+use mailer_testkit::operator::*;
 use mailer_testkit::pipeline::PipelineSpec;
 
 #[tokio::test]

@@ -7,8 +7,8 @@ use std::process::{Child, Command, Stdio};
 use serde_json::json;
 
 use super::broker::{BlackHole, eventually, unique};
-use super::harness::*;
 use mailer_testkit::fake_api::Recorded;
+use mailer_testkit::operator::*;
 use mailer_testkit::pipeline::PipelineSpec;
 
 /// The controller process; killed when dropped, should a test fail before it stops.

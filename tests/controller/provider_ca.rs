@@ -8,9 +8,9 @@ use serde_json::json;
 
 use super::broker::unique_pipeline;
 use super::broker::{eventually, secret_uri};
-use super::harness::*;
 use super::worker_pod;
 use mailer_testkit::broker::{TestVhost, confirming_channel, publish};
+use mailer_testkit::operator::*;
 use mailer_testkit::pipeline::PipelineSpec;
 use mailer_testkit::tls::TestCa;
 

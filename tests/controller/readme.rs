@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 
 use super::broker::{eventually, unique};
 use super::clients::{User, cluster};
-use super::harness::{NS, controller_health, harness_on, run_controllers_until};
 use mailer_testkit::broker::{TestBroker, TestVhost, management_host};
+use mailer_testkit::operator::{NS, controller_health, harness_on, run_controllers_until};
 use mailer_testkit::repo_root;
 use mailer_testkit::smtp::TempDir;
 

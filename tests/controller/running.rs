@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::broker::eventually;
-use super::harness::*;
+use mailer_testkit::operator::*;
 use mailer_testkit::pipeline::PipelineSpec;
 
 #[tokio::test]

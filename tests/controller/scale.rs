@@ -10,11 +10,11 @@ use mailer::topology::MAX_IN_FLIGHT;
 use serde_json::{Value, json};
 
 use super::broker::{CLOSED_MANAGEMENT_URL, eventually};
-use super::harness::*;
 use mailer_testkit::broker::{TestVhost, management_host};
 use mailer_testkit::fake_api::Address;
 use mailer_testkit::management_proxy::Proxy;
 use mailer_testkit::many::pipeline_spec_yaml;
+use mailer_testkit::operator::*;
 
 /// Requests to the management API of one pipeline in sync whose workers' user is given
 /// (`spec.worker.userSecret`), with queue depths read on every reconcile: whether the

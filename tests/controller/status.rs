@@ -15,8 +15,8 @@ use serde_json::json;
 
 use super::broker::unique_pipeline;
 use super::broker::{eventually, secret_uri};
-use super::harness::*;
 use mailer_testkit::broker::{TestVhost, confirming_channel, publish};
+use mailer_testkit::operator::*;
 use mailer_testkit::pipeline::PipelineSpec;
 
 /// Generation 2 is attempted and fails (its provider Secret is missing); once the Secret

@@ -6,7 +6,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
-use super::harness::*;
+use mailer_testkit::operator::*;
 use mailer_testkit::pipeline::PipelineSpec;
 
 const CLUSTER: &str = "/apis/rabbitmq.com/v1beta1/namespaces/data/rabbitmqclusters/rmq";

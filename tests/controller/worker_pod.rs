@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 
-use super::harness::Harness;
+use mailer_testkit::operator::Harness;
 use mailer_testkit::process::free_port;
 use mailer_testkit::smtp::TempDir;
 

@@ -107,6 +107,22 @@ impl Kubelet {
             .unwrap_or(0.0)
     }
 
+    /// The sum of the samples of metric `name` of the worker running now (0 when nothing
+    /// answers).
+    pub fn metric(&self, name: &str) -> f64 {
+        let Some((200, metrics)) = http_get(self.http_port, "/metrics") else {
+            return 0.0;
+        };
+        metrics
+            .lines()
+            .filter(|line| {
+                line.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// Stops the worker running now with SIGTERM, as a rollout does.
     pub fn stop(mut self) {
         self.stop.store(true, Ordering::SeqCst);

@@ -7,9 +7,12 @@
 //! worker took to exit or recover. Ignored by `cargo test`: `make faults` starts the node and runs them one at a
 //! time, for RabbitMQ 3.10 and 4.0 (`MAILER_FAULT_BROKER`).
 
-pub mod kubelet;
-pub mod node;
-pub mod proxy;
+mod cluster;
+mod flow;
+mod kubelet;
+mod node;
+mod on_cluster;
+mod proxy;
 mod smtp;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -101,6 +104,7 @@ fn distinct(ids: &[String]) -> usize {
 
 /// What became of every published request, once the worker stopped.
 struct Tally {
+    broker: String,
     fault: &'static str,
     published: BTreeSet<String>,
     delivered: Vec<String>,
@@ -121,6 +125,7 @@ impl Tally {
             waiting.extend(pipeline.take_all(queue).await.into_iter().map(|(id, _)| id));
         }
         Self {
+            broker: pipeline.broker.label.clone(),
             fault,
             published,
             delivered,
@@ -165,7 +170,7 @@ impl Tally {
         let lost = self.lost();
         let line = format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            Node::get().version,
+            self.broker,
             self.fault,
             self.published.len(),
             distinct(&self.delivered),

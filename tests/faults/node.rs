@@ -1,5 +1,6 @@
 //! The private broker node a fault run disturbs (`.ci/rabbitmq-node.sh`), and a pipeline
-//! in a vhost of its own on it.
+//! in a vhost of its own on a broker: that node, or the cluster's front
+//! ([`super::cluster`]).
 
 use std::process::Command;
 use std::sync::OnceLock;
@@ -64,8 +65,7 @@ impl Node {
     }
 
     pub fn management(&self) -> Management {
-        let url = format!("http://guest:guest@127.0.0.1:{}", self.management_port);
-        Management::new(&ManagementEndpoint::parse(&url).expect("endpoint")).expect("client")
+        self.broker().management()
     }
 
     pub fn capabilities(&self) -> BrokerCapabilities {
@@ -74,6 +74,35 @@ impl Node {
         } else {
             BrokerCapabilities::RABBITMQ_4
         }
+    }
+
+    /// The node as the broker of a pipeline.
+    pub fn broker(&self) -> Broker {
+        Broker {
+            label: self.version.to_string(),
+            amqp: format!("127.0.0.1:{}", self.amqp_port),
+            management: format!("127.0.0.1:{}", self.management_port),
+            capabilities: self.capabilities(),
+        }
+    }
+}
+
+/// Where a pipeline's broker answers, guest/guest: a node, or a front of several.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    /// What the fault table calls it (its broker column).
+    pub label: String,
+    /// `host:port` of AMQP.
+    pub amqp: String,
+    /// `host:port` of the management API.
+    pub management: String,
+    pub capabilities: BrokerCapabilities,
+}
+
+impl Broker {
+    pub fn management(&self) -> Management {
+        let url = format!("http://guest:guest@{}", self.management);
+        Management::new(&ManagementEndpoint::parse(&url).expect("endpoint")).expect("client")
     }
 }
 
@@ -86,19 +115,26 @@ impl Drop for Undo {
     }
 }
 
-/// A pipeline in a fresh vhost of the node, deleted when dropped.
+/// A pipeline in a fresh vhost of a broker, deleted when dropped.
 pub struct Pipeline {
     pub vhost: String,
     pub topology: String,
+    pub broker: Broker,
 }
 
 impl Pipeline {
-    /// Applies the default topology with a retry delay of 1s (unless `topology` sets
-    /// one) and `topology` on top.
+    /// On the private node: applies the default topology with a retry delay of 1s (unless
+    /// `topology` sets one) and `topology` on top.
     pub async fn new(fault: &str, topology: &str) -> Self {
+        Self::on(Node::get().broker(), fault, topology).await
+    }
+
+    /// The same on `broker`.
+    pub async fn on(broker: Broker, fault: &str, topology: &str) -> Self {
         let pipeline = Self {
             vhost: format!("mailer-fault-{fault}-{}", std::process::id()),
             topology: topology.to_string(),
+            broker,
         };
         pipeline.apply().await;
         pipeline
@@ -106,7 +142,6 @@ impl Pipeline {
 
     /// Applies (or repairs) the pipeline's topology.
     pub async fn apply(&self) {
-        let node = Node::get();
         let mut fields = Vec::new();
         if !self.topology.contains("retryDelay:") {
             fields.push("retryDelay: 1s");
@@ -120,22 +155,26 @@ impl Pipeline {
             fields.join(", ")
         ))
         .expect("a valid pipeline");
-        let desired = Topology::desired(&spec.rabbitmq.vhost, &spec.topology, node.capabilities())
-            .expect("a topology");
-        mailer::topology::apply(&node.management(), &desired)
+        let desired = Topology::desired(
+            &spec.rabbitmq.vhost,
+            &spec.topology,
+            self.broker.capabilities,
+        )
+        .expect("a topology");
+        mailer::topology::apply(&self.broker.management(), &desired)
             .await
             .expect("apply the topology");
     }
 
     pub fn amqp_url(&self) -> String {
-        let base = format!("amqp://guest:guest@127.0.0.1:{}", Node::get().amqp_port);
+        let base = format!("amqp://guest:guest@{}", self.broker.amqp);
         mailer::amqp::address::with_vhost(&base, &self.vhost).expect("AMQP URL")
     }
 
     pub async fn connect(&self) -> Connection {
         Connection::connect(&self.amqp_url(), ConnectionProperties::default())
             .await
-            .expect("connect to the private node")
+            .expect("connect to the broker")
     }
 
     pub async fn delete_queue(&self, queue: &str) {
@@ -234,13 +273,13 @@ impl Pipeline {
 impl Drop for Pipeline {
     fn drop(&mut self) {
         let vhost = self.vhost.clone();
+        let api = format!("http://{}/api", self.broker.management);
         let _ = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("runtime");
             runtime.block_on(async {
-                let api = format!("http://127.0.0.1:{}/api", Node::get().management_port);
                 let client = rabbitmq_http_client::api::Client::new(&api, "guest", "guest");
                 let _ = client.delete_vhost(&vhost, true).await;
             })

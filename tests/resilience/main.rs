@@ -2,7 +2,7 @@
 //! disturbed: a peer that never speaks AMQP, a panicking provider, the consuming
 //! connection closed by the broker mid-send, an SMTP server that refuses every
 //! connection for a while. (Broker restarts and alarms run on private
-//! nodes: tests/faults.rs, `make faults`.)
+//! nodes: tests/faults/, `make faults`.)
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

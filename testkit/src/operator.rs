@@ -1,5 +1,7 @@
-//! The reconcile harness: a pipeline and its Secrets in the in-memory API server, a
-//! `Context` on its client, and helpers to read what the controller wrote.
+//! The operator in this process, against the in-memory API server ([`crate::fake_api`]):
+//! the reconcile harness of the controller's tests and the cluster faults: a pipeline and
+//! its Secrets in the in-memory API server, a `Context` on its client, and helpers to read
+//! what the controller wrote.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +17,7 @@ use mailer::telemetry::Health;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
-use mailer_testkit::fake_api::{FakeApi, Recorded};
+use crate::fake_api::{FakeApi, Recorded};
 
 pub const NS: &str = "prod";
 pub const RESYNC: Duration = Duration::from_secs(300);
@@ -120,7 +122,7 @@ impl Harness {
     /// Stores pipeline `name` with `spec`. Its uid is unique to this run (`uid-<name>-…`),
     /// as an API server's are: the owner markers in the shared broker are keyed by it.
     pub fn seed_pipeline(&self, name: &str, spec: Value, finalized: bool) {
-        let uid = super::broker::unique(&format!("uid-{name}"));
+        let uid = crate::unique(&format!("uid-{name}"));
         let mut metadata = json!({"name": name, "namespace": NS, "uid": uid, "generation": 1});
         if finalized {
             metadata["finalizers"] = json!([FINALIZER]);
@@ -314,13 +316,13 @@ pub fn event_repeats(requests: &[Recorded]) -> Vec<(String, i64)> {
         .collect()
 }
 
-pub use mailer_testkit::pipeline::{assert_condition, condition};
+pub use crate::pipeline::{assert_condition, condition};
 
 /// The test broker's AMQP address, as a connection Secret's `amqpUri` holds it.
 pub fn amqp_uri() -> String {
     format!(
         "amqp://127.0.0.1:{}",
-        mailer_testkit::broker::TestBroker::get().amqp_port
+        crate::broker::TestBroker::get().amqp_port
     )
 }
 
