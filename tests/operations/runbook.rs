@@ -138,6 +138,7 @@ fn every_test_the_security_page_names_exists() {
     let mut code = Vec::new();
     sources(&repo_root().join("tests"), &mut code);
     sources(&repo_root().join("src"), &mut code);
+    sources(&repo_root().join("testkit/src"), &mut code);
     let mut named = 0;
     for row in page
         .lines()
