@@ -117,11 +117,10 @@ impl Management {
         vhost: &str,
         name: &str,
     ) -> Result<Option<(ObservedQueue, Vec<Binding>)>, TopologyError> {
-        let queue = match self.read(self.api.get_queue_info(vhost, name)).await {
-            Ok(q) => observed_queue(q),
-            Err(e) if e.is_not_found() => return Ok(None),
-            Err(e) => return Err(self.error(&format!("read queue {name}"), e)),
+        let Some(queue) = self.queue_info(vhost, name).await? else {
+            return Ok(None);
         };
+        let queue = observed_queue(queue);
         let bindings = match self.read(self.api.list_queue_bindings(vhost, name)).await {
             Ok(bindings) => bindings.into_iter().filter_map(queue_binding).collect(),
             // Deleted between the two reads: it is missing.

@@ -367,10 +367,9 @@ impl Management {
                 .read(self.api.get_exchange_info(vhost, name))
                 .await
                 .map(|_| ()),
-            Claim::Queue { vhost, name } => self
-                .read(self.api.get_queue_info(vhost, name))
-                .await
-                .map(|_| ()),
+            Claim::Queue { vhost, name } => {
+                return Ok(self.queue_info(vhost, name).await?.is_some());
+            }
             Claim::User { name } => self.read(self.api.get_user(name)).await.map(|_| ()),
         };
         match found {

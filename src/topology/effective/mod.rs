@@ -103,18 +103,14 @@ impl Management {
         vhost: &str,
         queue: &str,
     ) -> Result<Option<QueueState>, TopologyError> {
-        match self.read(self.api.get_queue_info(vhost, queue)).await {
-            Ok(info) => Ok(Some(QueueState {
-                depth: QueueDepth {
-                    messages: info.message_count,
-                    unacknowledged: info.unacknowledged_message_count,
-                    consumers: u32::from(info.consumer_count),
-                },
-                policy: queue_policy(info),
-            })),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(self.error(&format!("read queue {queue}"), e)),
-        }
+        Ok(self.queue_info(vhost, queue).await?.map(|info| QueueState {
+            depth: QueueDepth {
+                messages: info.message_count,
+                unacknowledged: info.unacknowledged_message_count,
+                consumers: u32::from(info.consumer_count),
+            },
+            policy: queue_policy(info),
+        }))
     }
 }
 

@@ -19,6 +19,7 @@ use rabbitmq_http_client::commons::{BindingDestinationType, ExchangeType, Policy
 use rabbitmq_http_client::requests::{
     BindingDeletionParams, ExchangeParams, PolicyParams, QueueParams, VirtualHostParams,
 };
+use rabbitmq_http_client::responses::QueueInfo;
 
 use super::TopologyError;
 use super::broker::BrokerCapabilities;
@@ -215,46 +216,98 @@ impl Management {
         segments: &[&str],
         action: &str,
     ) -> Result<Option<T>, TopologyError> {
+        let (status, body) = self.get(segments).await?;
+        if matches!(status, 400 | 401 | 403 | 404) {
+            return Ok(None);
+        }
+        self.answer(status, body, action).map(Some)
+    }
+
+    /// GETs the JSON at `segments` below the API (each one percent-encoded), or `None` when
+    /// there is no such object (404); 401 and 403 are errors. Counted and bounded as
+    /// [`read`](Self::read).
+    pub(super) async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        segments: &[&str],
+        action: &str,
+    ) -> Result<Option<T>, TopologyError> {
+        let (status, body) = self.get(segments).await?;
+        match status {
+            404 => Ok(None),
+            401 => Err(TopologyError::Unauthorized {
+                endpoint: self.endpoint.to_string(),
+                user: self.endpoint.username.clone(),
+            }),
+            403 => Err(TopologyError::Forbidden {
+                endpoint: self.endpoint.to_string(),
+                user: self.endpoint.username.clone(),
+                action: action.to_string(),
+            }),
+            _ => self.answer(status, body, action).map(Some),
+        }
+    }
+
+    /// A queue's details, or `None` when there is no such queue. Read through
+    /// [`get_json`](Self::get_json): RabbitMQ 4.0.5 answers a quorum queue with the key
+    /// `online` twice for a while after one of its members' nodes went away, which
+    /// `rabbitmq_http_client`'s own read rejects as a duplicate field.
+    pub async fn queue_info(
+        &self,
+        vhost: &str,
+        name: &str,
+    ) -> Result<Option<QueueInfo>, TopologyError> {
+        self.get_json(&["queues", vhost, name], &format!("read queue {name}"))
+            .await
+    }
+
+    /// One GET below the API: the answer's status and body, read under the same permit
+    /// as the request (its transfer is part of it).
+    async fn get(
+        &self,
+        segments: &[&str],
+    ) -> Result<(u16, reqwest::Result<bytes::Bytes>), TopologyError> {
         let mut url = self.endpoint.api.clone();
         if let Ok(mut path) = url.path_segments_mut() {
             path.extend(segments);
         }
-        // The body is read under the same permit as the request: its transfer is part of it.
-        let (status, body) = self
-            .read(async {
-                let response = self
-                    .http
-                    .get(url)
-                    .basic_auth(&self.endpoint.username, Some(self.endpoint.password()))
-                    .send()
-                    .await?;
-                let status = response.status();
-                Ok::<_, reqwest::Error>((status, response.bytes().await))
-            })
-            .await
-            .map_err(|e| TopologyError::unreachable(&self.endpoint, &e))?;
-        let status_code = status.as_u16();
-        if matches!(status_code, 400 | 401 | 403 | 404) {
-            return Ok(None);
-        }
-        if !status.is_success() {
+        self.read(async {
+            let response = self
+                .http
+                .get(url)
+                .basic_auth(&self.endpoint.username, Some(self.endpoint.password()))
+                .send()
+                .await?;
+            let status = response.status().as_u16();
+            Ok::<_, reqwest::Error>((status, response.bytes().await))
+        })
+        .await
+        .map_err(|e| TopologyError::unreachable(&self.endpoint, &e))
+    }
+
+    /// The decoded body of a successful answer; an unsuccessful one is refused with the
+    /// broker's reason.
+    fn answer<T: serde::de::DeserializeOwned>(
+        &self,
+        status: u16,
+        body: reqwest::Result<bytes::Bytes>,
+        action: &str,
+    ) -> Result<T, TopologyError> {
+        if !(200..300).contains(&status) {
             let reason = body
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
                 .unwrap_or_default();
             return Err(TopologyError::Refused {
                 action: action.to_string(),
-                status: status_code,
+                status,
                 reason: crate::text::truncate(&reason, 200).into_owned(),
             });
         }
         let body = body.map_err(|e| TopologyError::unreachable(&self.endpoint, &e))?;
-        serde_json::from_slice(&body)
-            .map(Some)
-            .map_err(|e| TopologyError::Refused {
-                action: action.to_string(),
-                status: status_code,
-                reason: format!("its answer is not what RabbitMQ's management API sends: {e}"),
-            })
+        decode(&body).map_err(|e| TopologyError::Refused {
+            action: action.to_string(),
+            status,
+            reason: format!("its answer is not what RabbitMQ's management API sends: {e}"),
+        })
     }
 
     /// PUTs `body` at `segments` below the API (each one percent-encoded) and returns the
@@ -424,16 +477,19 @@ impl Management {
         vhost: &str,
         name: &str,
     ) -> Result<Option<QueueDepth>, TopologyError> {
-        match self.read(self.api.get_queue_info(vhost, name)).await {
-            Ok(q) => Ok(Some(QueueDepth {
-                messages: q.message_count,
-                unacknowledged: q.unacknowledged_message_count,
-                consumers: u32::from(q.consumer_count),
-            })),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(self.error(&format!("read queue {name}"), e)),
-        }
+        Ok(self.queue_info(vhost, name).await?.map(|q| QueueDepth {
+            messages: q.message_count,
+            unacknowledged: q.unacknowledged_message_count,
+            consumers: u32::from(q.consumer_count),
+        }))
     }
+}
+
+/// A management API answer decoded as `T`, going through a JSON value so that a key given
+/// twice keeps its last value instead of failing the read (serde's derived decoding
+/// rejects duplicate fields, which RabbitMQ 4.0.5 sends for a quorum queue's `online`).
+fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> serde_json::Result<T> {
+    serde_json::from_slice::<serde_json::Value>(body).and_then(T::deserialize)
 }
 
 /// A queue's load as the management API last counted it.
@@ -447,6 +503,24 @@ pub struct QueueDepth {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quorum_queue_answered_with_online_twice_is_read() {
+        let body = include_bytes!("testdata/quorum-queue-online-twice.json");
+        let strict = serde_json::from_slice::<QueueInfo>(body);
+        assert!(
+            strict.is_err(),
+            "the fixture no longer shows the broker's duplicate key"
+        );
+        let info: QueueInfo = decode(body).expect("the answer is read");
+        assert_eq!(info.name, "mail.send");
+        assert_eq!(info.message_count, 12);
+        let online = info.online.expect("online members").to_string();
+        assert!(
+            online.contains("mq-1") && !online.contains("mq-2"),
+            "the last of the two keys counts: {online}"
+        );
+    }
 
     #[test]
     fn one_client_is_shared_per_endpoint_and_user() {
