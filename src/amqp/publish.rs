@@ -59,10 +59,21 @@ pub enum PublishError {
     )]
     Untrusted { exchange: String },
     #[error(
-        "the broker did not confirm the publish to {exchange} within {}: is it blocking publishers (a memory or disk alarm)?",
+        "the broker did not confirm the publish to {exchange} within {}: is it blocking publishers (a memory or disk alarm), or has a queue behind it lost its quorum (its nodes down or cut off)?",
         humantime::format_duration(*after)
     )]
     Timeout { exchange: String, after: Duration },
+}
+
+impl PublishError {
+    /// Whether the failure leaves the connection it happened on unfit for more publishes:
+    /// a confirm that never came (the node may be cut off from the queue's quorum, which a
+    /// new connection, perhaps to another node, gets round) or a channel whose returns can
+    /// no longer be paired with their publishes. The worker connects again rather than
+    /// stop; the deliveries in flight go back to the queue.
+    pub fn leaves_the_connection_unusable(&self) -> bool {
+        matches!(self, Self::Timeout { .. } | Self::Untrusted { .. })
+    }
 }
 
 /// Publishes with the mandatory flag on `channel`, which must be in confirm mode, and
@@ -268,7 +279,7 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::from_secs(13));
         assert_eq!(
             error.to_string(),
-            "the broker did not confirm the publish to mail.retry within 13s: is it blocking publishers (a memory or disk alarm)?"
+            "the broker did not confirm the publish to mail.retry within 13s: is it blocking publishers (a memory or disk alarm), or has a queue behind it lost its quorum (its nodes down or cut off)?"
         );
     }
 

@@ -40,16 +40,60 @@ pub enum WorkerError {
 }
 
 impl WorkerError {
-    /// Whether the broker went away (a connection lost, or none to be had): the worker
-    /// connects again rather than stop, for up to its reconnect timeout.
+    /// Whether the broker went away (a connection lost, or none to be had) or left the
+    /// connection unfit for publishing (a confirm that never came, as on a node cut off
+    /// from the quorum): the worker connects again rather than stop, for up to its
+    /// reconnect timeout.
     pub fn is_connection_loss(&self) -> bool {
-        matches!(
-            self,
+        match self {
             Self::Connect(_)
-                | Self::ConsumeLost { .. }
-                | Self::PublishLost(_)
-                | Self::Channel(_)
-                | Self::Timeout(_)
-        )
+            | Self::ConsumeLost { .. }
+            | Self::PublishLost(_)
+            | Self::Channel(_)
+            | Self::Timeout(_) => true,
+            Self::Settle(SettleError::Publish(publish)) => publish.leaves_the_connection_unusable(),
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::amqp::PublishError;
+
+    fn settle(publish: PublishError) -> WorkerError {
+        WorkerError::Settle(SettleError::Publish(publish))
+    }
+
+    #[test]
+    fn a_publish_never_confirmed_or_untrusted_reconnects_and_a_refused_one_stops() {
+        let exchange = || "mail.retry".to_string();
+        let reconnects = [
+            settle(PublishError::Timeout {
+                exchange: exchange(),
+                after: Duration::from_secs(30),
+            }),
+            settle(PublishError::Untrusted {
+                exchange: exchange(),
+            }),
+        ];
+        for error in &reconnects {
+            assert!(error.is_connection_loss(), "{error}");
+        }
+        let stops = [
+            settle(PublishError::Nacked {
+                exchange: exchange(),
+            }),
+            settle(PublishError::Unroutable {
+                exchange: exchange(),
+            }),
+            WorkerError::ShutdownTimeout(3),
+        ];
+        for error in &stops {
+            assert!(!error.is_connection_loss(), "{error}");
+        }
     }
 }
