@@ -14,7 +14,6 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
 use super::address::Address;
-use super::store::now;
 
 pub fn admit(address: &Address, previous: Option<&Value>, next: &mut Value) {
     match (address.prefix.as_str(), address.resource.as_str()) {
@@ -99,4 +98,11 @@ fn crd(previous: Option<&Value>, next: &mut Value) {
         "acceptedNames": accepted,
         "storedVersions": stored,
     });
+}
+
+/// Now, as the API server writes times (RFC 3339, seconds).
+pub fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }

@@ -11,8 +11,6 @@
 
 use serde_json::{Value, json};
 
-use super::store::Store;
-
 /// The Kubernetes version this server claims (the OpenAPI schemas' version).
 pub const GIT_VERSION: &str = "v1.37.0";
 
@@ -127,10 +125,10 @@ fn built_ins() -> impl Iterator<Item = Served> {
 
 pub const CRDS: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
 
-/// The resources each stored CRD serves: every version marked `served`.
-pub fn from_crds(store: &Store) -> Vec<Served> {
+/// The resources each of the stored `crds` serves: every version marked `served`.
+pub fn from_crds(crds: &[Value]) -> Vec<Served> {
     let mut served = Vec::new();
-    for crd in store.objects_under(&format!("{CRDS}/")) {
+    for crd in crds {
         let spec = &crd["spec"];
         let names = &spec["names"];
         let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
@@ -176,14 +174,14 @@ pub fn from_crds(store: &Store) -> Vec<Served> {
     served
 }
 
-/// Everything served: the built-ins, then what CRDs add.
-pub fn all(store: &Store) -> Vec<Served> {
-    built_ins().chain(from_crds(store)).collect()
+/// Everything served: the built-ins, then what the stored `crds` add.
+pub fn all(crds: &[Value]) -> Vec<Served> {
+    built_ins().chain(from_crds(crds)).collect()
 }
 
-/// The served resource at `prefix` named `plural`.
-pub fn find(store: &Store, prefix: &str, plural: &str) -> Option<Served> {
-    all(store)
+/// The served resource at `prefix` named `plural`, given the stored `crds`.
+pub fn find(crds: &[Value], prefix: &str, plural: &str) -> Option<Served> {
+    all(crds)
         .into_iter()
         .find(|s| s.prefix() == prefix && s.plural == plural)
 }

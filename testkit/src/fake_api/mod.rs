@@ -301,7 +301,7 @@ impl FakeApi {
         let (served, definition) = self.with_store(|s| {
             (
                 s.serves(&address.prefix, &address.resource),
-                discovery::find(s, &address.prefix, &address.resource),
+                s.served(&address.prefix, &address.resource),
             )
         });
         if !served {
@@ -523,9 +523,7 @@ impl FakeApi {
         let Some(definitions) = self.shared.definitions.clone() else {
             return Ok(Vec::new());
         };
-        let Some(served) =
-            self.with_store(|s| discovery::find(s, &address.prefix, &address.resource))
-        else {
+        let Some(served) = self.with_store(|s| s.served(&address.prefix, &address.resource)) else {
             return Ok(Vec::new());
         };
         let schema = match &served.schema {
@@ -621,7 +619,7 @@ impl FakeApi {
     /// What is not an object: `/version`, discovery, OpenAPI.
     fn non_resource(&self, path: &str) -> Result<Answer, ApiError> {
         let path = path.trim_end_matches('/');
-        let (served, extra) = self.with_store(|s| (discovery::all(s), s.resources_under(path)));
+        let (served, extra) = self.with_store(|s| (s.all_served(), s.resources_under(path)));
         let strict = self.with_store(|s| s.strict);
         let found = match path {
             "/version" => Some(discovery::version()),

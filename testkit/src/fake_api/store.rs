@@ -12,7 +12,7 @@ use std::ops::Bound;
 use serde_json::{Value, json};
 
 use super::address::Address;
-use super::admission;
+use super::admission::{self, now};
 use super::discovery;
 use super::patch;
 use super::selector::Selector;
@@ -125,7 +125,7 @@ impl Store {
             return true;
         }
         if self.strict {
-            discovery::find(self, prefix, resource).is_some()
+            self.served(prefix, resource).is_some()
         } else {
             BUILT_IN.contains(&prefix) || self.seen.contains(&key)
         }
@@ -144,6 +144,21 @@ impl Store {
     }
 
     /// Every object whose key starts with `prefix`.
+    /// The CRDs stored.
+    fn crds(&self) -> Vec<Value> {
+        self.objects_under(&format!("{}/", discovery::CRDS))
+    }
+
+    /// Everything served: the built-in kinds, then what the stored CRDs add.
+    pub fn all_served(&self) -> Vec<discovery::Served> {
+        discovery::all(&self.crds())
+    }
+
+    /// The resource served at `prefix` named `plural`.
+    pub fn served(&self, prefix: &str, plural: &str) -> Option<discovery::Served> {
+        discovery::find(&self.crds(), prefix, plural)
+    }
+
     pub fn objects_under(&self, prefix: &str) -> Vec<Value> {
         self.objects
             .range(prefix.to_string()..)
@@ -572,11 +587,4 @@ fn set_or_strip(object: &mut Value, field: &str, value: Option<Value>) {
         Some(value) if !value.is_null() => object[field] = value,
         _ => strip(object, field),
     }
-}
-
-/// Now, as the API server writes times (RFC 3339, seconds).
-pub fn now() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
 }
