@@ -25,7 +25,7 @@ test-rabbitmq4:
 # cuts sessions or is down for 3 minutes; then a private three-node RabbitMQ 4.0 cluster
 # behind HAProxy (.ci/rabbitmq-cluster.sh, started once for all its faults) whose nodes it
 # kills, stops one by one, cuts off and takes the quorum of, with a worker consuming from
-# each node. One fault at a time, about 17 minutes. Prints the fault table (kept in
+# each node. One fault at a time, about 20 minutes. Prints the fault table (kept in
 # target/faults.md). Needs root, the RabbitMQ 4.0 root of .ci/rabbitmq4.sh, and Debian's
 # haproxy.
 faults:

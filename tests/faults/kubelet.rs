@@ -2,7 +2,7 @@
 //! probes on a port that stays the same across restarts.
 
 use std::process::{Child, ExitStatus};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,6 +14,8 @@ const RESTART_AFTER: Duration = Duration::from_secs(1);
 
 pub struct Kubelet {
     pub http_port: u16,
+    /// The process id of the worker running now.
+    pid: Arc<AtomicU32>,
     stop: Arc<AtomicBool>,
     exits: Arc<Mutex<Vec<(Instant, ExitStatus)>>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -31,13 +33,15 @@ impl Kubelet {
         let (amqp_url, provider_url) = (amqp_url.to_string(), provider_url.to_string());
         let stop = Arc::new(AtomicBool::new(false));
         let exits = Arc::new(Mutex::new(Vec::new()));
+        let pid = Arc::new(AtomicU32::new(0));
         let thread = std::thread::spawn({
-            let (stop, exits) = (stop.clone(), exits.clone());
+            let (stop, exits, pid) = (stop.clone(), exits.clone(), pid.clone());
             move || {
                 let env: Vec<(&str, &str)> =
                     env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
                 loop {
                     let mut worker: Child = start_worker_with(&amqp_url, &provider_url, &env);
+                    pid.store(worker.id(), Ordering::SeqCst);
                     loop {
                         if stop.load(Ordering::SeqCst) {
                             signal(&worker, "TERM");
@@ -57,6 +61,7 @@ impl Kubelet {
         });
         Self {
             http_port,
+            pid,
             stop,
             exits,
             thread: Some(thread),
@@ -76,6 +81,18 @@ impl Kubelet {
     /// Every exit was non-zero (a worker that stops on its own never says all is well).
     pub fn exits_failed(&self) -> bool {
         self.exits.lock().unwrap().iter().all(|(_, s)| !s.success())
+    }
+
+    /// The peak resident memory of the worker running now (`VmHWM`), in MiB.
+    pub fn peak_memory_mib(&self) -> f64 {
+        let pid = self.pid.load(Ordering::SeqCst);
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let kib: f64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("the worker's VmHWM in /proc");
+        kib / 1024.0
     }
 
     /// `/livez`, `/readyz` and `/metrics` status codes now (0 when nothing answers).

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::cluster::{Cluster, NODES, Restore, raft_leader, script, wait_node};
 use super::flow::Flow;
+use super::node::Pipeline;
 use crate::secs;
 use mailer_testkit::process::eventually;
 
@@ -609,4 +610,19 @@ async fn topology_apply_and_reconcile_with_a_node_down() {
         crashes(crashed)
     ));
     assert_eq!(tally.waiting.len(), 20, "the requests wait in mail.send");
+}
+
+/// Requests at the size limit through a slow SMTP server, on the cluster through its
+/// front (`large.rs`): every quorum write of a 10 MiB request replicated to three nodes.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "disturbs the private cluster: make faults"]
+async fn large_mail_through_a_slow_smtp_server() {
+    let cluster = Cluster::get();
+    cluster.wait_whole(180).await;
+    let pipeline = Pipeline::on(cluster.broker(), "large", "").await;
+    super::large::large_mail_through_a_slow_smtp_server(
+        &pipeline,
+        "requests at the size limit through a slow SMTP server",
+    )
+    .await;
 }
