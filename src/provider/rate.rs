@@ -158,6 +158,20 @@ mod tests {
         assert_eq!(limited.longest_wait(16), Duration::from_millis(16 * 20));
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn the_wait_for_a_turn_is_not_part_of_the_send_deadline() {
+        let limited = RateLimited::new(Arc::new(DiscardProvider), 1.0);
+        let limit = Duration::from_millis(100);
+        let sends = (0..3).map(|_| limited.send_within(mail(), limit));
+        for sent in futures::future::join_all(sends).await {
+            assert_eq!(
+                sent,
+                Ok(()),
+                "the third waited 2s for its turn, then sent in time"
+            );
+        }
+    }
+
     #[test]
     fn rates_are_positive_finite_numbers() {
         assert_eq!(parse_rate("14"), Ok(14.0));
