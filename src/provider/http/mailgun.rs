@@ -16,6 +16,8 @@ use super::{Api, Said};
 use crate::message::{Mail, unique_id};
 use crate::provider::{Provider, ProviderUrlError, SendError};
 
+/// The size of the pieces the message is copied into the form in.
+const MESSAGE_PIECE_BYTES: usize = 64 * 1024;
 const US_BASE: &str = "https://api.mailgun.net";
 const EU_BASE: &str = "https://api.eu.mailgun.net";
 
@@ -75,10 +77,13 @@ impl MailgunProvider {
             .join(",");
         let message = mail
             .render()
-            .map_err(|e| crate::provider::unrenderable(self, &e))?
-            .to_vec();
+            .map_err(|e| crate::provider::unrenderable(self, &e))?;
+        let size = message
+            .chunks(MESSAGE_PIECE_BYTES)
+            .map(<[u8]>::len)
+            .sum::<usize>();
         let boundary = format!("mailer-form-{}", unique_id());
-        let mut body = Vec::with_capacity(message.len() + 512);
+        let mut body = Vec::with_capacity(size + 512);
         body.extend_from_slice(
             format!("--{boundary}\r\nContent-Disposition: form-data; name=\"to\"\r\n\r\n{to}\r\n")
                 .as_bytes(),
@@ -90,7 +95,10 @@ impl MailgunProvider {
             )
             .as_bytes(),
         );
-        body.extend_from_slice(&message);
+        // Straight from the rendered pieces: the message is not copied once more.
+        for piece in message.chunks(MESSAGE_PIECE_BYTES) {
+            body.extend_from_slice(piece);
+        }
         body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
         Ok((format!("multipart/form-data; boundary={boundary}"), body))
     }

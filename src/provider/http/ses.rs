@@ -8,13 +8,13 @@
 //! `ConfigurationSetName`) and `endpoint=URL`.
 
 use std::fmt;
+use std::io::Write;
 use std::time::SystemTime;
 
 use aws_credential_types::Credentials;
 use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
 use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
-use base64::Engine;
 use futures::future::BoxFuture;
 use serde_json::{Map, Value, json};
 use url::Url;
@@ -25,6 +25,8 @@ use crate::provider::{ErrorClass, Provider, ProviderUrlError, SendError};
 
 /// The path of SES v2's `SendEmail`.
 pub const PATH: &str = "/v2/email/outbound-emails";
+/// The size of the pieces the raw message is encoded in.
+const RAW_PIECE_BYTES: usize = 64 * 1024;
 /// The service name SigV4 signs for.
 pub const SIGNING_NAME: &str = "ses";
 
@@ -88,21 +90,36 @@ impl SesProvider {
                 destination.insert(list.to_string(), Value::Array(addresses));
             }
         }
+        let mut head = json!({ "FromEmailAddress": from, "Destination": destination });
+        if let (Some(set), Some(fields)) = (&self.configuration_set, head.as_object_mut()) {
+            fields.insert("ConfigurationSetName".into(), Value::String(set.clone()));
+        }
+        let failed = |e: &dyn fmt::Display| {
+            SendError::for_good(ErrorClass::Protocol, format!("{self}: {e}")).not_reached()
+        };
+        let mut body = serde_json::to_vec(&head).map_err(|e| failed(&e))?;
+        // The raw message is encoded straight into the body from the rendered pieces, so
+        // a large mail is held as its rendering and the body only, not copied twice more.
+        if body.pop() != Some(b'}') {
+            return Err(failed(&"the request's JSON is no object"));
+        }
         let rendered = mail
             .render()
             .map_err(|e| crate::provider::unrenderable(self, &e))?;
-        let data = base64::engine::general_purpose::STANDARD.encode(rendered.to_vec());
-        let mut body = json!({
-            "FromEmailAddress": from,
-            "Destination": destination,
-            "Content": { "Raw": { "Data": data } },
-        });
-        if let (Some(set), Some(fields)) = (&self.configuration_set, body.as_object_mut()) {
-            fields.insert("ConfigurationSetName".into(), Value::String(set.clone()));
+        let size = rendered
+            .chunks(RAW_PIECE_BYTES)
+            .map(<[u8]>::len)
+            .sum::<usize>();
+        body.reserve(size.div_ceil(3) * 4 + 40);
+        body.extend_from_slice(br#","Content":{"Raw":{"Data":""#);
+        let mut encoder =
+            base64::write::EncoderWriter::new(body, &base64::engine::general_purpose::STANDARD);
+        for piece in rendered.chunks(RAW_PIECE_BYTES) {
+            encoder.write_all(piece).map_err(|e| failed(&e))?;
         }
-        serde_json::to_vec(&body).map_err(|e| {
-            SendError::for_good(ErrorClass::Protocol, format!("{self}: {e}")).not_reached()
-        })
+        let mut body = encoder.finish().map_err(|e| failed(&e))?;
+        body.extend_from_slice(br#""}}}"#);
+        Ok(body)
     }
 
     /// The SigV4 headers (`x-amz-date`, `authorization`) of a request with `body`,
