@@ -70,11 +70,10 @@ pub(super) fn from_url(
 /// key may have been put in either.
 pub fn masked(url: &Url) -> String {
     let credentials = if url.username().is_empty() && url.password().is_none() {
-        ""
+        String::new()
     } else {
-        "***@"
+        format!("{MASK}@")
     };
-    debug_assert_eq!(MASK, "***");
     format!(
         "{}://{credentials}{}",
         url.scheme(),
@@ -231,13 +230,13 @@ impl Api {
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let headers = response.headers().clone();
-        // Read to its end, so the connection goes back to the pool.
-        let body = response.bytes().await;
         if status.is_success() {
+            // Read to its end, so the connection goes back to the pool.
+            let _ = response.bytes().await;
             return Ok(());
         }
-        let body = body.unwrap_or_default();
+        let headers = response.headers().clone();
+        let body = response.bytes().await.unwrap_or_default();
         let Said { reason, class } = read(&headers, &body);
         let said = reason.unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
         let said = said.split_whitespace().collect::<Vec<_>>().join(" ");
