@@ -344,6 +344,30 @@ async fn an_api_that_cannot_be_reached_fails_for_now_without_an_attempt() {
 }
 
 #[tokio::test]
+async fn an_api_that_answers_too_late_fails_for_now_at_the_send_deadline() {
+    for service in Service::ALL {
+        let stand_in = ApiStandIn::start(service).await;
+        let provider = provider::from_url(&stand_in.url()).expect("the stand-in's URL");
+        stand_in.answer_next([Answer::new(200, "{}").after(Duration::from_secs(5))]);
+        let started = std::time::Instant::now();
+        let error = provider
+            .send_within(full_mail("late"), Duration::from_millis(300))
+            .await
+            .expect_err("no answer within the deadline");
+        assert!(started.elapsed() < Duration::from_secs(3), "{service:?}");
+        assert_eq!(error.failure(), Failure::ForNow, "{service:?}: {error}");
+        assert_eq!(error.class(), ErrorClass::Timeout, "{service:?}: {error}");
+        assert!(
+            error.reached(),
+            "{service:?}: the request was under way: {error}"
+        );
+        // The provider goes on: a new connection for the next mail if need be.
+        send(provider.as_ref(), "after-late").await.expect("sent");
+        assert_eq!(stand_in.taken(), 1, "{service:?}");
+    }
+}
+
+#[tokio::test]
 async fn sendgrid_refuses_a_mail_without_a_to_recipient_before_sending_it() {
     let stand_in = ApiStandIn::start(Service::SendGrid).await;
     let provider = provider::from_url(&stand_in.url()).expect("the stand-in's URL");

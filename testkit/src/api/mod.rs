@@ -75,6 +75,8 @@ pub struct Answer {
     pub status: u16,
     pub headers: Vec<(&'static str, String)>,
     pub body: String,
+    /// How long the stand-in waits before it answers.
+    pub delay: std::time::Duration,
 }
 
 impl Answer {
@@ -83,7 +85,14 @@ impl Answer {
             status,
             headers: Vec::new(),
             body: body.into(),
+            delay: std::time::Duration::ZERO,
         }
+    }
+
+    /// The same answer, given after `delay`.
+    pub fn after(mut self, delay: std::time::Duration) -> Self {
+        self.delay = delay;
+        self
     }
 
     pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Self {
@@ -264,6 +273,7 @@ async fn handle(
     };
     let scripted = shared.script.lock().unwrap().pop_front();
     if let Some(answer) = scripted {
+        tokio::time::sleep(answer.delay).await;
         return answer.into_response();
     }
     shared.taken.fetch_add(1, Ordering::Relaxed);
