@@ -440,6 +440,12 @@ impl MailerPipelineSpec {
                     "needs both the Secret's name and the key".into(),
                 );
             }
+            if provider.rate_limit == Some(0) {
+                problem(
+                    "worker.provider.rateLimit",
+                    "must be at least 1 mail per second (leave it out for no limit)".into(),
+                );
+            }
         }
 
         if errors.is_empty() {

@@ -13,7 +13,10 @@
 //! 3. end to end: mails per second from the worker to a local SMTP sink (aiosmtpd, or
 //!    Postfix's `smtp-sink` with `MAILER_BENCH_SMTP_SINK`), and the sink's own limit with
 //!    the SMTP provider alone;
-//! 4. the resident memory of `mailer worker`, run as a child process, draining requests
+//! 4. through each HTTP API provider (`ses://`, `sendgrid://`, `postmark://`,
+//!    `mailgun://`) to the testkit's stand-in of its API, answering at once: mails per
+//!    second and the connections used (see `api.rs`);
+//! 5. the resident memory of `mailer worker`, run as a child process, draining requests
 //!    of 579 bytes and of 10 MiB (see `memory.rs`).
 //!
 //! Each comparison runs a warm-up, then `MAILER_BENCH_ROUNDS` rounds (5 by default), each
@@ -26,13 +29,15 @@
 //!
 //! Environment:
 //! - `MAILER_BENCH_ACK_N` (20000), `MAILER_BENCH_PARK_N` (10000), `MAILER_BENCH_SMTP_N`
-//!   (1000; the SMTP scenario runs at most 2 rounds): requests per run;
+//!   (1000; the SMTP scenario runs at most 2 rounds), `MAILER_BENCH_API_N` (5000; at most
+//!   3 rounds per API): requests per run;
 //! - `MAILER_BENCH_ROUNDS` (5);
-//! - `MAILER_BENCH_SCENARIOS`: a subset of `ack,park,smtp,memory`;
+//! - `MAILER_BENCH_SCENARIOS`: a subset of `ack,park,smtp,api,memory`;
 //! - `MAILER_BENCH_SMTP_OPTIONS`, e.g. `&connections=16`: appended to the sink's URL;
 //! - `MAILER_BENCH_SMTP_SINK`: the path of Postfix's `smtp-sink`, to use instead of
 //!   aiosmtpd (see `sink.rs`).
 
+mod api;
 mod broker;
 mod cpu;
 mod failing;
@@ -60,8 +65,9 @@ struct Settings {
     ack_n: usize,
     park_n: usize,
     smtp_n: usize,
+    api_n: usize,
     rounds: usize,
-    /// The scenarios to run: `ack`, `park`, `smtp`, `memory`.
+    /// The scenarios to run: `ack`, `park`, `smtp`, `api`, `memory`.
     scenarios: Vec<String>,
 }
 
@@ -84,9 +90,10 @@ impl Settings {
             ack_n: read("MAILER_BENCH_ACK_N", 20_000)?,
             park_n: read("MAILER_BENCH_PARK_N", 10_000)?,
             smtp_n: read("MAILER_BENCH_SMTP_N", 1_000)?,
+            api_n: read("MAILER_BENCH_API_N", 5_000)?,
             rounds: read("MAILER_BENCH_ROUNDS", 5)?,
             scenarios: std::env::var("MAILER_BENCH_SCENARIOS")
-                .unwrap_or_else(|_| "ack,park,smtp,memory".into())
+                .unwrap_or_else(|_| "ack,park,smtp,api,memory".into())
                 .split(',')
                 .map(|s| s.trim().to_string())
                 .collect(),
@@ -509,6 +516,11 @@ async fn bench() -> Result<()> {
     } else {
         None
     };
+    let apis = if settings.runs("api") {
+        api::api_end_to_end(&settings, &body).await?
+    } else {
+        Vec::new()
+    };
     let memory = if settings.runs("memory") {
         memory::memory_use(settings.ack_n, &body).await?
     } else {
@@ -536,6 +548,17 @@ async fn bench() -> Result<()> {
             e.worker.best(),
             e.alone.best(),
             sink_verdict(e)
+        );
+    }
+    for figure in &apis {
+        println!(
+            "  API {:<8} worker {:>6.0} mails/s (median {:.0}); {} mails on {} connections; {}",
+            figure.service.name(),
+            figure.worker.best(),
+            figure.worker.median(),
+            figure.mails,
+            figure.connections,
+            figure.verdict()
         );
     }
     for figure in &memory {

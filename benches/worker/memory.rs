@@ -116,7 +116,7 @@ pub async fn memory_use(small_n: usize, small: &[u8]) -> Result<Vec<MemoryFigure
     let large = large_request_body();
     let binary = worker_binary();
     println!(
-        "\n== 4. memory: {} worker (MAIL_PREFETCH={PREFETCH}, log {WORKER_LOG_FILTER}) draining {small_n} requests of {} bytes, and {large_n} of {} bytes (load {})",
+        "\n== 5. memory: {} worker (MAIL_PREFETCH={PREFETCH}, log {WORKER_LOG_FILTER}) draining {small_n} requests of {} bytes, and {large_n} of {} bytes (load {})",
         binary.display(),
         small.len(),
         large.len(),

@@ -20,6 +20,8 @@ pub struct WorkerArgs {
     #[arg(long, env = "MAIL_AMQP_URL", hide_env_values = true)]
     pub amqp_url: String,
     /// Where mail goes: smtp://[user:pass@]host[:port][?tls=required], smtps://…,
+    /// ses://KEY_ID:SECRET@REGION, sendgrid://:KEY@api.sendgrid.com,
+    /// postmark://:TOKEN@api.postmarkapp.com, mailgun://:KEY@DOMAIN[?region=eu],
     /// file:///dir or discard://
     #[arg(long, env = "MAIL_PROVIDER_URL", hide_env_values = true)]
     pub provider_url: String,
@@ -78,6 +80,11 @@ pub struct WorkerTuning {
     /// failed for now (class `timeout`).
     #[arg(long, env = "MAIL_SEND_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub send_timeout: Duration,
+    /// The most mails per second this worker sends, e.g. 14 or 2.5; no limit when
+    /// absent. Over it a send waits for its turn (nothing is parked, no attempt spent).
+    /// The operator sets it to the pipeline's rateLimit shared by its pods.
+    #[arg(long, env = "MAIL_RATE_LIMIT", value_parser = parse_rate, value_name = "MAILS_PER_SECOND")]
+    pub rate_limit: Option<f64>,
     /// How long, after a lost broker connection, the worker goes on connecting again
     /// (not ready meanwhile) before it exits non-zero.
     #[arg(long, env = "MAIL_RECONNECT_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
@@ -88,9 +95,11 @@ impl WorkerArgs {
     /// Checks every value and builds the worker, or names the first value that is wrong.
     pub fn into_worker(self) -> Result<Worker, ConfigError> {
         let user = amqp_user(&self.amqp_url)?;
-        let provider =
-            crate::provider::from_url_with(&self.provider_url, self.provider_ca_file.as_deref())?;
         let t = self.tuning;
+        let provider = crate::provider::rate::limited(
+            crate::provider::from_url_with(&self.provider_url, self.provider_ca_file.as_deref())?,
+            t.rate_limit,
+        );
         Ok(Worker {
             amqp_url: self.amqp_url,
             user,
@@ -133,7 +142,8 @@ pub struct RunArgs {
     /// used whatever this URL names.
     #[arg(long, env = "MAIL_AMQP_URL", hide_env_values = true)]
     pub amqp_url: String,
-    /// Where mail goes: smtp://…, smtps://…, file:///dir or discard://
+    /// Where mail goes: smtp://…, smtps://…, ses://…, sendgrid://…, postmark://…,
+    /// mailgun://…, file:///dir or discard://
     #[arg(long, env = "MAIL_PROVIDER_URL", hide_env_values = true)]
     pub provider_url: String,
     /// A CA certificate (PEM) to trust, besides the public ones, for TLS to the provider,
@@ -202,6 +212,11 @@ pub struct SendArgs {
 /// `--max-request-bytes`: bytes or a quantity, within [`size::LIMIT_RANGE`].
 fn parse_limit(text: &str) -> Result<usize, String> {
     size::parse_limit(text).map_err(|e| e.to_string())
+}
+
+/// `--rate-limit`: a positive number of mails per second.
+fn parse_rate(text: &str) -> Result<f64, String> {
+    crate::provider::rate::parse_rate(text).map_err(|e| e.to_string())
 }
 
 impl SendArgs {

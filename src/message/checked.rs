@@ -43,6 +43,16 @@ impl Mail {
         &self.envelope
     }
 
+    /// The sender (`From`).
+    pub fn from(&self) -> &Mailbox {
+        &self.from
+    }
+
+    /// The recipients of `To`, `Cc` and `Bcc`.
+    pub fn recipients(&self) -> [&[Mailbox]; 3] {
+        [&self.to, &self.cc, &self.bcc]
+    }
+
     /// The `Message-ID`, with its angle brackets, e.g. `<order-42@shop.example>`.
     pub fn message_id(&self) -> &str {
         &self.message_id
@@ -99,6 +109,29 @@ impl Mail {
         ))
     }
 
+    /// The mail as separate fields, for a provider whose API takes them rather than a
+    /// MIME message. Like [`render`](Self::render) it takes the mail by value and
+    /// decodes each body once.
+    pub fn into_fields(self) -> Result<Fields, RequestError> {
+        let (text, html) = self.bodies()?;
+        Ok(Fields {
+            from: self.from,
+            to: self.to,
+            cc: self.cc,
+            bcc: self.bcc,
+            reply_to: self.reply_to,
+            subject: self.subject,
+            headers: self
+                .headers
+                .into_iter()
+                .map(|(name, value)| (name.to_string(), value))
+                .collect(),
+            message_id: self.message_id,
+            text,
+            html,
+        })
+    }
+
     /// The text and HTML bodies, decoded from the request with CRLF line endings (so
     /// lettre finds none to insert; see [`super::body_text`]); an empty one counts as not
     /// given.
@@ -114,6 +147,23 @@ impl Mail {
         };
         Ok((decode(bodies.text)?, decode(bodies.html)?))
     }
+}
+
+/// A checked mail's fields ([`Mail::into_fields`]); bodies with CRLF line endings, an
+/// empty one as `None`.
+pub struct Fields {
+    pub from: Mailbox,
+    pub to: Vec<Mailbox>,
+    pub cc: Vec<Mailbox>,
+    pub bcc: Vec<Mailbox>,
+    pub reply_to: Option<Mailbox>,
+    pub subject: String,
+    /// The extra header fields, checked as the request's `headers`.
+    pub headers: Vec<(String, String)>,
+    /// The `Message-ID`, with its angle brackets.
+    pub message_id: String,
+    pub text: Option<String>,
+    pub html: Option<String>,
 }
 
 /// Shows who the mail is from and to, never its body, so a `Mail` can be logged.

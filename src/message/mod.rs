@@ -25,7 +25,7 @@ pub mod send;
 pub mod size;
 mod wire;
 
-pub use checked::Mail;
+pub use checked::{Fields, Mail};
 pub use id::unique_id;
 pub use rendered::Rendered;
 

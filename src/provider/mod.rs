@@ -8,13 +8,20 @@
 //! | `smtps://[user:pass@]host[:port][?options]` | SMTP over implicit TLS, port 465 by default |
 //! | `file:///dir` | writes each mail as an RFC 5322 `.eml` file into `dir`, for development |
 //! | `discard://` | accepts every mail and drops it, for benchmarks |
+//! | `ses://KEY_ID:SECRET@REGION` | Amazon SES v2 `SendEmail`, SigV4-signed |
+//! | `sendgrid://:API_KEY@api.sendgrid.com` | SendGrid v3 `mail/send` |
+//! | `postmark://:SERVER_TOKEN@api.postmarkapp.com[?stream=NAME]` | Postmark `/email` |
+//! | `mailgun://:API_KEY@DOMAIN[?region=eu]` | Mailgun `messages.mime`, US or EU |
 //!
-//! The SMTP options are documented on [`smtp::SmtpSettings`]. A user name and password
-//! must be percent-encoded in the URL; the password never appears in an error, a log
-//! line or the `Display`/`Debug` of a provider.
+//! The SMTP options are documented on [`smtp::SmtpSettings`], the HTTP APIs' on
+//! [`http`]. A user name and password must be percent-encoded in the URL; the password
+//! (an API's key) never appears in an error, a log line or the `Display`/`Debug` of a
+//! provider.
 
 pub mod discard;
 pub mod file;
+pub mod http;
+pub mod rate;
 pub mod smtp;
 
 use std::fmt;
@@ -57,6 +64,15 @@ pub trait Provider: Send + Sync + fmt::Display + fmt::Debug {
         None
     }
 
+    /// The longest a send may wait for its turn besides the provider's own bound
+    /// ([`concurrency`](Self::concurrency)) when `waiting` sends ask at once: a
+    /// rate-limited provider's turns ([`rate::RateLimited`]). Not part of the send's
+    /// deadline either.
+    fn longest_wait(&self, waiting: u16) -> Duration {
+        let _ = waiting;
+        Duration::ZERO
+    }
+
     /// While the provider cannot be reached (connecting to it keeps failing), when it
     /// tries again: until then a send fails for now at once, without reaching it. A time
     /// that has passed means the pause is over and the next send tries (and so probes the
@@ -91,14 +107,15 @@ pub enum ErrorClass {
     Tls,
     /// The server did not answer in time.
     Timeout,
-    /// The server refused our login (or offers no way to log in that we support).
+    /// The server refused our login (or offers no way to log in that we support); for an
+    /// HTTP API, a 401 or 403: a key that is wrong, revoked or not allowed to send.
     Auth,
     /// The server said something we could not understand, or refused a command that
     /// the mail itself cannot be blamed for.
     Protocol,
-    /// A 4xx reply: the server wants us to try again later.
+    /// A 4xx SMTP reply, or an HTTP API's 429 or 5xx: try again later.
     TemporaryReply,
-    /// A 5xx reply: the server will never take this mail.
+    /// A 5xx SMTP reply, or an HTTP API's other 4xx: the server will never take this mail.
     PermanentReply,
     /// Reading or writing failed: a reset connection or a full disk.
     Io,
@@ -147,6 +164,8 @@ pub struct SendError {
     message: String,
     /// Whether the send reached the provider: see [`SendError::reached`].
     reached: bool,
+    /// How long the provider asked us to wait (an HTTP API's `Retry-After`).
+    retry_after: Option<Duration>,
 }
 
 impl SendError {
@@ -157,6 +176,7 @@ impl SendError {
             class,
             message: message.into(),
             reached: true,
+            retry_after: None,
         }
     }
 
@@ -167,6 +187,7 @@ impl SendError {
             class,
             message: message.into(),
             reached: true,
+            retry_after: None,
         }
     }
 
@@ -187,6 +208,18 @@ impl SendError {
     pub fn not_reached(mut self) -> Self {
         self.reached = false;
         self
+    }
+
+    /// The same failure, with the wait the provider asked for.
+    pub fn with_retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = Some(wait);
+        self
+    }
+
+    /// How long the provider asked to wait before trying again (an HTTP API's
+    /// `Retry-After`, in seconds), when it said. The message quotes it too.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
     }
 
     pub fn failure(&self) -> Failure {
@@ -225,7 +258,7 @@ pub enum ProviderUrlError {
     #[error("the provider URL is not a URL ({0}); write it like smtp://user:pass@host:587")]
     NotAUrl(String),
     #[error(
-        "the provider URL {url} has the unknown scheme {scheme:?}; use smtp://, smtps://, file:// or discard://"
+        "the provider URL {url} has the unknown scheme {scheme:?}; use smtp://, smtps://, ses://, sendgrid://, postmark://, mailgun://, file:// or discard://"
     )]
     UnknownScheme { url: String, scheme: String },
     #[error("the provider URL {url} is unusable: {problem}")]
@@ -259,23 +292,28 @@ pub fn from_url_with(
     match parsed.scheme() {
         "smtp" | "smtps" => {
             let settings = smtp::SmtpSettings::from_url(&parsed)?;
-            let ca = ca_file
-                .map(|path| {
-                    std::fs::read(path).map_err(|e| ProviderUrlError::CaFile {
-                        path: path.display().to_string(),
-                        problem: e.to_string(),
-                    })
-                })
-                .transpose()?;
+            let ca = ca_file.map(read_ca).transpose()?;
             Ok(Arc::new(smtp::SmtpProvider::new(settings, ca.as_deref())?))
         }
         "file" => Ok(Arc::new(file::FileProvider::from_url(&parsed)?)),
         "discard" => Ok(Arc::new(discard::DiscardProvider::from_url(&parsed)?)),
+        scheme if http::SCHEMES.contains(&scheme) => {
+            let ca = ca_file.map(read_ca).transpose()?;
+            http::from_url(&parsed, ca.as_deref())
+        }
         scheme => Err(ProviderUrlError::UnknownScheme {
             url: redacted(&parsed),
             scheme: scheme.to_owned(),
         }),
     }
+}
+
+/// The PEM file of `MAIL_PROVIDER_CA_FILE`.
+fn read_ca(path: &std::path::Path) -> Result<Vec<u8>, ProviderUrlError> {
+    std::fs::read(path).map_err(|e| ProviderUrlError::CaFile {
+        path: path.display().to_string(),
+        problem: e.to_string(),
+    })
 }
 
 /// Refuses query parameters a provider does not know, so a typo is not ignored.

@@ -105,7 +105,7 @@ fn bad_urls_say_what_is_wrong() {
     );
     assert_eq!(
         refused("http://host"),
-        "the provider URL http://host/ has the unknown scheme \"http\"; use smtp://, smtps://, file:// or discard://"
+        "the provider URL http://host/ has the unknown scheme \"http\"; use smtp://, smtps://, ses://, sendgrid://, postmark://, mailgun://, file:// or discard://"
     );
     assert!(refused("not a url").starts_with("the provider URL is not a URL ("));
     assert!(

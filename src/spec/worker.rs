@@ -180,8 +180,8 @@ impl ImagePullPolicy {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProviderSpec {
-    /// The Secret key that holds the provider URL (`smtp://`, `smtps://`, `file://` or
-    /// `discard://`).
+    /// The Secret key that holds the provider URL: `smtp://`, `smtps://`, an HTTP API's
+    /// (`ses://`, `sendgrid://`, `postmark://`, `mailgun://`), `file://` or `discard://`.
     pub url_secret_key_ref: SecretKeySelector,
     /// A CA certificate (PEM) the workers trust for TLS to the provider, besides the
     /// public CAs: a key of a Secret in the pipeline's namespace, e.g. the `ca.crt` of a
@@ -189,6 +189,30 @@ pub struct ProviderSpec {
     /// workers; changing it rolls them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_secret_key_ref: Option<SecretKeySelector>,
+    /// The most mails per second the whole pipeline sends, e.g. `14` for a new SES
+    /// account; no limit when absent. Each worker pod sends at most `rateLimit / replicas`
+    /// mails a second, or `rateLimit / autoscaling.maxReplicas` under autoscaling (the
+    /// count KEDA may reach, so the pipeline stays under the limit however many pods run;
+    /// with fewer pods it sends slower than it may). Over its share a worker waits before
+    /// sending: it parks nothing and spends no attempt. The operator passes the share as
+    /// `MAIL_RATE_LIMIT`, so changing this, `replicas` or `maxReplicas` rolls the workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub rate_limit: Option<u32>,
+}
+
+impl WorkerSpec {
+    /// The mails per second each worker pod sends at most (`MAIL_RATE_LIMIT`): the
+    /// provider's `rateLimit` shared by `replicas`, or by `autoscaling.maxReplicas`. `None`
+    /// without a limit, or without pods.
+    pub fn rate_per_replica(&self) -> Option<f64> {
+        let rate = self.provider.as_ref()?.rate_limit?;
+        let pods = match &self.autoscaling {
+            Some(autoscaling) => autoscaling.max_replicas,
+            None => self.replicas,
+        };
+        (pods > 0 && rate > 0).then(|| f64::from(rate) / f64::from(pods))
+    }
 }
 
 /// One key of a Secret in the pipeline's namespace.

@@ -241,7 +241,8 @@ impl Worker {
         let turns = send_turns(self.prefetch, self.provider.concurrency());
         let bound = self
             .timeouts
-            .longest_delivery(turns, self.max_request_bytes);
+            .longest_delivery(turns, self.max_request_bytes)
+            + self.provider.longest_wait(self.prefetch);
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
         let stop = loop {
             // A delivery older than any it could take means the loop no longer makes

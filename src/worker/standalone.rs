@@ -47,7 +47,15 @@ pub async fn prepare(
     Ok(Worker {
         user: amqp_user(&amqp_url)?,
         amqp_url,
-        provider: crate::provider::from_url_with(provider_url, provider_ca_file)?,
+        // The one worker sends at the pipeline's whole rate.
+        provider: crate::provider::rate::limited(
+            crate::provider::from_url_with(provider_url, provider_ca_file)?,
+            spec.worker
+                .provider
+                .as_ref()
+                .and_then(|p| p.rate_limit)
+                .map(f64::from),
+        ),
         max_attempts: spec.worker.max_attempts,
         max_request_bytes: spec.worker.max_request_bytes()?,
         prefetch: spec.worker.prefetch,

@@ -1,11 +1,12 @@
 //! What mailer's integration tests (`tests/<area>/main.rs`, one binary per area) and its
 //! benchmarks share, in one place: the real RabbitMQ and a vhost per test ([`broker`]),
-//! the real SMTP server ([`smtp`], [`tls`]), the chart as Helm renders it ([`chart`]), the worker as a process or in-process
+//! the real SMTP server ([`smtp`], [`tls`]), stand-ins of the HTTP mail APIs ([`api`]), the chart as Helm renders it ([`chart`]), the worker as a process or in-process
 //! ([`process`], [`inproc`]), the in-memory Kubernetes API server ([`fake_api`]) and the operator reconciling against
 //! it ([`operator`]), a
 //! recording proxy in front of the management API ([`management_proxy`]), and pipelines
 //! as tests write them ([`pipeline`], [`many`]). Each test binary uses only part of it.
 
+pub mod api;
 pub mod broker;
 pub mod chart;
 pub mod fake_api;

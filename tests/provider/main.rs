@@ -1,8 +1,11 @@
 //! The providers against real servers: `tests/smtp_server.py`, an aiosmtpd server
-//! (`pip install aiosmtpd`), for SMTP, and the file system for `file://`.
+//! (`pip install aiosmtpd`), for SMTP, the file system for `file://`, and the testkit's
+//! stand-ins of the HTTP mail APIs for `ses://`, `sendgrid://`, `postmark://` and
+//! `mailgun://` ([`api`]).
 //!
 //! These tests need `python3` with aiosmtpd; without it they fail rather than skip.
 
+mod api;
 mod reach;
 mod tls;
 

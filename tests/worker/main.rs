@@ -1,8 +1,10 @@
 //! `mailer worker` end to end: the real binary against the real RabbitMQ and a real SMTP
 //! server (aiosmtpd), one vhost per test. Every row of the outcome table, header
 //! carry-over, the unroutable park, SIGTERM and SIGKILL mid-stream; many parks in flight on
-//! one channel, some unroutable; the request size limit.
+//! one channel, some unroutable; the request size limit; an HTTP API's stand-in and the
+//! send rate.
 
+pub mod api;
 pub mod identity;
 pub mod pipelined;
 pub mod size;

@@ -114,6 +114,11 @@ pub fn desired_deployment(
     if let Some(size) = &worker.max_request_size {
         env.push(plain_env("MAIL_MAX_REQUEST_BYTES", size.0.clone()));
     }
+    // The pipeline's rate shared by the pods (see ProviderSpec::rate_limit); only when
+    // set, like the size.
+    if let Some(rate) = worker.rate_per_replica() {
+        env.push(plain_env("MAIL_RATE_LIMIT", rate.to_string()));
+    }
 
     let provider_ca = worker
         .provider
@@ -530,6 +535,33 @@ mod tests {
                 .labels
                 .unwrap()
                 .contains_key("app.kubernetes.io/instance")
+        );
+    }
+
+    #[test]
+    fn the_rate_limit_is_shared_by_the_replicas_or_the_most_the_autoscaler_runs() {
+        let rate = |yaml: &str| {
+            let env = env(&deployment(yaml));
+            env.into_iter()
+                .find(|(name, _)| name == "MAIL_RATE_LIMIT")
+                .map(|(_, value)| value)
+        };
+        let provider = "provider: {urlSecretKeyRef: {name: p, key: url}, rateLimit: 14}";
+        assert_eq!(
+            rate(&format!("worker: {{replicas: 4, {provider}}}")),
+            Some(json!("3.5"))
+        );
+        assert_eq!(
+            rate(&format!(
+                "worker: {{replicas: 1, autoscaling: {{minReplicas: 0, maxReplicas: 7}}, {provider}}}"
+            )),
+            Some(json!("2"))
+        );
+        assert_eq!(rate(&format!("worker: {{replicas: 0, {provider}}}")), None);
+        assert_eq!(
+            rate("worker: {provider: {urlSecretKeyRef: {name: p, key: url}}}"),
+            None,
+            "no limit, no variable: a pipeline without one rolls no worker"
         );
     }
 

@@ -1,0 +1,165 @@
+//! `mailer worker` sending through an HTTP API's stand-in ([`mailer_testkit::api`]): its
+//! answers parked or dead-lettered as the outcome table says, and `MAIL_RATE_LIMIT`
+//! holding the rate without parking or spending an attempt.
+
+use std::time::Duration;
+
+use lapin::types::FieldTable;
+use mailer_testkit::api::{Answer, ApiStandIn, Service};
+use mailer_testkit::broker::{confirming_channel, publish};
+use mailer_testkit::process::{eventually, exit_within, free_port, http_get, start_worker_with};
+use serde_json::json;
+
+use super::{dead_letters, pipeline, properties, ready, request, start_worker, terminate};
+
+#[tokio::test]
+async fn mail_goes_through_an_api_and_its_answers_park_or_dead_letter() {
+    let api = ApiStandIn::start(Service::Ses).await;
+    let vhost = pipeline("api-ses").await;
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    let mut worker = start_worker(&vhost, &api.url(), 5);
+    let send = |id: String| {
+        let channel = channel.clone();
+        async move {
+            let body = request(&["a@example.com"]);
+            publish(
+                &channel,
+                "mail",
+                "mail.send",
+                &body,
+                properties(&id, FieldTable::default()),
+            )
+            .await;
+        }
+    };
+
+    // A 503 parks the request; its retry (attempt 2) is taken.
+    api.answer_next([Answer::new(503, "Service Unavailable").with_header("retry-after", "1")]);
+    send("parked-then-sent".into()).await;
+    eventually(30, "the parked request sent on its retry", || async {
+        (api.taken() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(api.requests(), 2, "the 503, then the retry");
+    assert_eq!(
+        api.received()[0].message_id,
+        "<parked-then-sent@shop.example>"
+    );
+
+    // A 400 with SES's message dead-letters it as rejected, quoting SES.
+    api.answer_next([Answer::new(
+        400,
+        json!({"message": "Email address is not verified."}).to_string(),
+    )
+    .with_header("x-amzn-ErrorType", "MessageRejected:")]);
+    send("rejected".into()).await;
+    let dead = dead_letters(&channel, 1, Duration::from_secs(30)).await;
+    assert_eq!(dead[0].message_id, "rejected");
+    assert_eq!(dead[0].reason.as_deref(), Some("rejected"));
+    assert!(
+        dead[0].error.contains(
+            "ses://eu-west-1: HTTP 400 Bad Request: MessageRejected: Email address is not verified."
+        ),
+        "{}",
+        dead[0].error
+    );
+
+    // Then mail flows, signed and checked, on the pooled connections.
+    for n in 0..20 {
+        send(format!("flow-{n}")).await;
+    }
+    eventually(30, "20 more mails taken", || async {
+        (api.taken() == 21).then_some(())
+    })
+    .await;
+    assert_eq!(api.problems(), Vec::<String>::new());
+    assert!(api.connections() <= 16, "{} connections", api.connections());
+    assert_eq!(ready(&channel, "mail.send.retry").await, 0);
+    terminate(&worker);
+    assert!(exit_within(&mut worker, Duration::from_secs(30)).success());
+}
+
+/// 200 mails at `MAIL_RATE_LIMIT=50`: they reach the API at 50 a second (within 10%, in
+/// any second as over the whole run), and every one is sent on its first attempt:
+/// nothing parked, nothing dead.
+#[tokio::test]
+async fn the_rate_limit_holds_within_ten_percent_and_spends_no_attempt() {
+    const MAILS: usize = 200;
+    const RATE: f64 = 50.0;
+    let api = ApiStandIn::start(Service::SendGrid).await;
+    let vhost = pipeline("api-rate").await;
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    let body = request(&["a@example.com"]);
+    for n in 0..MAILS {
+        let id = format!("rate-{n:03}");
+        publish(
+            &channel,
+            "mail",
+            "mail.send",
+            &body,
+            properties(&id, FieldTable::default()),
+        )
+        .await;
+    }
+    let port = free_port();
+    let http_addr = format!("127.0.0.1:{port}");
+    let mut worker = start_worker_with(
+        &vhost.amqp_url(),
+        &api.url(),
+        &[
+            ("MAIL_RATE_LIMIT", "50"),
+            ("MAIL_PREFETCH", "20"),
+            ("MAIL_HTTP_ADDR", &http_addr),
+        ],
+    );
+    eventually(60, "200 mails taken", || async {
+        (api.taken() == MAILS).then_some(())
+    })
+    .await;
+    let received = api.received();
+    let first = received[0].at;
+    let span = received[MAILS - 1].at - first;
+    let rate = (MAILS - 1) as f64 / span.as_secs_f64();
+    println!("{MAILS} mails at MAIL_RATE_LIMIT=50 took {span:?}: {rate:.2} mails/s");
+    assert!(
+        (RATE * 0.9..=RATE * 1.1).contains(&rate),
+        "{rate:.2} mails/s over {span:?}"
+    );
+    let busiest = received
+        .iter()
+        .map(|start| {
+            received
+                .iter()
+                .filter(|r| r.at >= start.at && r.at - start.at < Duration::from_secs(1))
+                .count()
+        })
+        .max()
+        .unwrap_or_default();
+    assert!(
+        busiest as f64 <= RATE * 1.1,
+        "{busiest} mails in one second"
+    );
+
+    let mut ids: Vec<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), MAILS, "each mail once");
+    let (_, metrics) = http_get(port, "/metrics").expect("the worker's metrics");
+    let settled = |outcome: &str| {
+        let series = format!("mailer_worker_deliveries_total{{outcome=\"{outcome}\"}} ");
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .map_or(0, |n| n.trim().parse::<u64>().unwrap_or(u64::MAX))
+    };
+    assert_eq!(settled("sent"), MAILS as u64, "{metrics}");
+    assert_eq!(settled("parked"), 0, "no attempt spent waiting");
+    assert_eq!(settled("dead_lettered"), 0);
+    assert_eq!(ready(&channel, "mail.send.retry").await, 0);
+    assert_eq!(ready(&channel, "mail.send.dead").await, 0);
+    assert_eq!(api.problems(), Vec::<String>::new());
+    terminate(&worker);
+    assert!(exit_within(&mut worker, Duration::from_secs(30)).success());
+}
