@@ -1,4 +1,4 @@
-.PHONY: build test test-rabbitmq4 faults faults-cluster lint bench demo crd image manifests
+.PHONY: build test test-rabbitmq4 faults faults-cluster lint bench bench-cluster demo crd image manifests
 
 # The crate's version: the image's tag and the chart's appVersion.
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
@@ -81,6 +81,15 @@ bench:
 	strip --strip-all -o target/release/mailer-stripped target/release/mailer
 	MAILER_BENCH_BROKER=$(BENCH_BROKER) MAILER_BENCH_CONTROLLER_BIN=target/release/mailer-stripped \
 	  cargo bench --bench controller
+
+# The worker's ack and park paths on the three-node RabbitMQ 4.0 cluster, through its
+# HAProxy front, each request replicated to three nodes (.ci/rabbitmq-cluster.sh, started
+# and stopped here; not part of make bench).
+bench-cluster:
+	cargo bench --no-run --bench worker
+	.ci/rabbitmq-cluster.sh start
+	MAILER_BENCH_BROKER=cluster MAILER_BENCH_SCENARIOS=ack,park cargo bench --bench worker; \
+	  s=$$?; .ci/rabbitmq-cluster.sh stop; exit $$s
 
 # The release image, through the Dockerfile's runtime stage, from the binary `cargo build
 # --release` made, on a base assembled from this machine's Debian packages; left in

@@ -18,12 +18,31 @@ use mailer::spec::{MailerPipelineSpec, TopologySpec};
 use mailer::topology::{self, Management, ManagementEndpoint, Topology};
 
 /// The broker's AMQP and management ports: `MAILER_BENCH_BROKER` is `3.10` (5672 and
-/// 15672, the default) or `4.0` (5673 and 15673, `.ci/rabbitmq4.sh start`).
+/// 15672, the default), `4.0` (5673 and 15673, `.ci/rabbitmq4.sh start`) or `cluster`
+/// (the HAProxy front of the three-node 4.0 cluster of `.ci/rabbitmq-cluster.sh start`,
+/// whose ports the script prints; 0 when it is not running, which the first request
+/// reports).
 pub fn ports() -> (u16, u16) {
     match std::env::var("MAILER_BENCH_BROKER").as_deref() {
         Ok("4.0") => (5673, 15673),
+        Ok("cluster") => cluster_ports(),
         _ => (5672, 15672),
     }
+}
+
+/// The cluster front's AMQP and management ports, asked of the script once.
+fn cluster_ports() -> (u16, u16) {
+    static PORTS: std::sync::OnceLock<(u16, u16)> = std::sync::OnceLock::new();
+    *PORTS.get_or_init(|| {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/rabbitmq-cluster.sh");
+        let printed = std::process::Command::new(script)
+            .arg("ports")
+            .output()
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+            .unwrap_or_default();
+        let mut ports = printed.split_whitespace().map(|p| p.parse().unwrap_or(0));
+        (ports.next().unwrap_or(0), ports.next().unwrap_or(0))
+    })
 }
 
 fn management_url() -> String {
