@@ -5,10 +5,8 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 
+use crate::controller::context::{DEFAULT_CONCURRENCY, POLICY_WINDOW, QUEUE_DEPTH_INTERVAL};
 use crate::controller::reconcile::apply::SHARED_DEFINITIONS_MAX_AGE;
-use crate::controller::runtime::context::{
-    DEFAULT_CONCURRENCY, POLICY_WINDOW, QUEUE_DEPTH_INTERVAL,
-};
 use crate::controller::{LeaderOptions, Options, Settings};
 
 /// Where the release images are published; the chart, `deploy/operator.yaml` and the

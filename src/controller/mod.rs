@@ -8,11 +8,13 @@
 //! main loop.
 
 pub mod broker;
+pub mod context;
 pub mod error;
 #[cfg(test)]
 pub mod fixtures;
 pub mod key;
 pub mod kube;
+pub mod metrics;
 pub mod objects;
 pub mod reasons;
 pub mod reconcile;
@@ -28,14 +30,15 @@ use k8s_openapi::api::coordination::v1::Lease;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch as signal;
 
+pub use context::{Context, Settings};
 pub use error::Error;
 pub use reconcile::{FINALIZER, error_policy, reconcile};
-pub use runtime::context::{Context, Settings};
 
 use crate::telemetry::{Health, spawn_server};
+use metrics::Metrics;
 use runtime::leader::LeaderElection;
 use runtime::leader::{Renewal, keep_leading, wait_for_leadership};
-use runtime::metrics::Metrics;
+use runtime::signalled;
 
 /// How long the main loop may go without a heartbeat before `/livez` fails.
 const STALL_AFTER: Duration = Duration::from_secs(60);
@@ -176,11 +179,4 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         tracing::warn!(error = %e, "could not release the leader Lease; a standby takes over when it expires");
     }
     Ok(())
-}
-
-/// Resolves once `signal` is true; never when its sender is gone without saying so.
-pub async fn signalled(signal: &mut signal::Receiver<bool>) {
-    if signal.wait_for(|on| *on).await.is_err() {
-        std::future::pending::<()>().await;
-    }
 }

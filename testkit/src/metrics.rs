@@ -13,7 +13,7 @@ use prometheus_client::registry::Registry;
 /// sub-registry's `Prefix("…")`, then its metrics' `Descriptor { name: "…", … }`.
 pub fn families() -> BTreeSet<String> {
     let mut registry = Registry::default();
-    let _controller = mailer::controller::runtime::metrics::Metrics::register(&mut registry);
+    let _controller = mailer::controller::metrics::Metrics::register(&mut registry);
     let _worker = mailer::worker::metrics::WorkerMetrics::register(&mut registry);
     let debug = format!("{registry:?}");
     let quoted = |rest: &str| rest.split('"').next().unwrap_or_default().to_string();

@@ -9,7 +9,7 @@ use std::time::Duration;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use kube::runtime::controller::Action;
-use mailer::controller::runtime::metrics::Metrics;
+use mailer::controller::metrics::Metrics;
 use mailer::controller::runtime::watch::run_controllers;
 use mailer::controller::{Context, Error, Settings, reconcile};
 use mailer::spec::MailerPipeline;
@@ -82,14 +82,14 @@ pub fn harness_on(fake: FakeApi, tune: impl FnOnce(&mut Settings)) -> Harness {
     let mut settings = Settings {
         worker_image: "reg/mailer:test".into(),
         resync_interval: RESYNC,
-        concurrency: mailer::controller::runtime::context::DEFAULT_CONCURRENCY,
+        concurrency: mailer::controller::context::DEFAULT_CONCURRENCY,
         cluster_name: "default".into(),
         // Every reconcile reads them, so a test sees a new depth at once.
         queue_depth_interval: Duration::ZERO,
         // Each reconcile reads what it compares, so a test sees a change at once.
         definitions_max_age: Duration::ZERO,
         cleanup_deadline: CLEANUP_DEADLINE,
-        policy_window: mailer::controller::runtime::context::POLICY_WINDOW,
+        policy_window: mailer::controller::context::POLICY_WINDOW,
     };
     tune(&mut settings);
     operator_of(fake, settings)

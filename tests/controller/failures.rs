@@ -1,7 +1,7 @@
 //! Failures: a broker or Secret that is gone, a missing key, a broker that does not
 //! answer, and finding a RabbitmqCluster.
 
-use mailer::controller::runtime::context::jittered;
+use mailer::controller::context::jittered;
 use std::sync::Arc;
 use std::time::Duration;
 

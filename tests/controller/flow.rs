@@ -53,7 +53,7 @@ async fn a_pipeline_is_built_left_alone_when_in_sync_repaired_and_cleaned_up() {
     let uid = h.pipeline(&name).metadata.uid.expect("a uid");
     assert_eq!(
         result.unwrap(),
-        Action::requeue(mailer::controller::runtime::context::jittered(RESYNC, &uid))
+        Action::requeue(mailer::controller::context::jittered(RESYNC, &uid))
     );
     let worker_secret = format!("{name}-worker-amqp");
     let worker_deployment = format!("{name}-worker");

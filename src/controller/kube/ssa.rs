@@ -21,9 +21,12 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::controller::error::Error;
-use crate::controller::objects::meta::FIELD_MANAGER;
 use crate::quantity;
 use crate::spec::MailerPipeline;
+
+/// The field manager of every server-side apply the operator makes, and the value of
+/// `app.kubernetes.io/managed-by` on what it makes.
+pub const FIELD_MANAGER: &str = "mailer-operator";
 
 /// Whether every field of `desired` is in `live` with the same value. Objects may have
 /// more fields in `live`; lists must have the same length, element by element; under

@@ -7,11 +7,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 use crate::controller::error::Error;
+use crate::controller::kube::ssa::FIELD_MANAGER;
 use crate::spec::MailerPipeline;
 
-/// The field manager of every server-side apply the operator makes, and the value of
-/// `app.kubernetes.io/managed-by` on what it makes.
-pub const FIELD_MANAGER: &str = "mailer-operator";
 /// The `app.kubernetes.io/name` of worker pods and their objects.
 pub const WORKER_APP: &str = "mailer-worker";
 

@@ -12,6 +12,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams};
 
 use crate::controller::broker::in_use;
+use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::kube::keda::apis;
 use crate::controller::kube::ssa::{apply_if_changed, ensure_ours};
@@ -25,7 +26,6 @@ use crate::controller::reconcile::desired::Desired;
 use crate::controller::reconcile::resolve::{LiveKeda, Resolved};
 use crate::controller::reconcile::retire::retire;
 use crate::controller::reconcile::validate::Validated;
-use crate::controller::runtime::context::Context;
 use crate::topology::ownership::Claim;
 use crate::topology::{self, Change, UserChange, UserGrant};
 

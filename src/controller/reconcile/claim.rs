@@ -24,10 +24,10 @@ use std::time::Duration;
 use futures::future::try_join_all;
 use kube::ResourceExt;
 
+use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::reconcile::desired::Desired;
 use crate::controller::reconcile::validate::Validated;
-use crate::controller::runtime::context::Context;
 use crate::spec::MailerPipeline;
 use crate::topology::ownership::{Claim, Markers, Owner, legacy_topology_marker, topology_claims};
 use crate::topology::{Change, Management};

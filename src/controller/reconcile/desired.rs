@@ -9,6 +9,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 
 use crate::controller::broker::secrets::SecretRole;
+use crate::controller::context::Settings;
 use crate::controller::error::Error;
 use crate::controller::objects::deployment::{
     WorkerInputs, desired_deployment, keep_live_selector, secrets_hash,
@@ -16,7 +17,6 @@ use crate::controller::objects::deployment::{
 use crate::controller::objects::worker_secret::{self, WorkerCredentials};
 use crate::controller::reconcile::resolve::Resolved;
 use crate::controller::reconcile::validate::Validated;
-use crate::controller::runtime::context::Settings;
 use crate::topology::ownership::{Claim, topology_claims};
 use crate::topology::{Permissions, Topology};
 

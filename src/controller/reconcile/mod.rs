@@ -39,12 +39,12 @@ use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
 use kube::{Resource, ResourceExt};
 
+use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::key::PipelineKey;
 use crate::controller::objects::autoscaling::Autoscaling;
 use crate::controller::objects::worker_secret::generate_password;
 use crate::controller::reasons::event;
-use crate::controller::runtime::context::Context;
 use crate::spec::MailerPipeline;
 use crate::topology::{Requests, counted};
 use apply::Applied;

@@ -8,8 +8,10 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use serde_json::json;
 
+use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::key::PipelineKey;
+use crate::controller::metrics::QueueRole;
 use crate::controller::objects::autoscaling::{Autoscaling, desired_workers};
 use crate::controller::objects::deployment::deployment_name;
 use crate::controller::objects::status::unchanged_spec;
@@ -19,8 +21,6 @@ use crate::controller::objects::status::{
 use crate::controller::reasons::{self, event};
 use crate::controller::reconcile::Converged;
 use crate::controller::reconcile::observe::PolicyCheck;
-use crate::controller::runtime::context::Context;
-use crate::controller::runtime::metrics::QueueRole;
 use crate::spec::{MailerPipeline, MailerPipelineStatus, READY, TOPOLOGY_READY};
 use crate::topology::desired::POLICY_PRIORITY;
 

@@ -14,6 +14,7 @@ use kube::api::{Api, DynamicObject};
 
 use crate::controller::broker::connection::{self, Broker};
 use crate::controller::broker::secrets::{SecretRole, secrets_read};
+use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::key::PipelineKey;
 use crate::controller::kube::keda::apis;
@@ -21,7 +22,6 @@ use crate::controller::kube::secrets::get_secret;
 use crate::controller::kube::ssa::ensure_ours;
 use crate::controller::objects::deployment::deployment_name;
 use crate::controller::objects::worker_secret;
-use crate::controller::runtime::context::Context;
 use crate::spec::MailerPipeline;
 use crate::topology::{BrokerCapabilities, Management};
 

@@ -6,10 +6,10 @@ use std::collections::BTreeSet;
 use crate::controller::broker::connection;
 use crate::controller::broker::tenancy::Use;
 use crate::controller::broker::tenancy::was_applied;
+use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::reconcile::claim::owner_of;
 use crate::controller::reconcile::retire::retire;
-use crate::controller::runtime::context::Context;
 use crate::spec::MailerPipeline;
 use crate::topology::ownership::Claim;
 

@@ -12,9 +12,9 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::reasons::event;
-use crate::controller::runtime::context::Context;
 use crate::spec::{MailerPipeline, READY, TOPOLOGY_READY};
 
 /// Says on the object why it cannot be read: `TopologyReady` and `Ready` False with the

@@ -19,13 +19,13 @@ use kube::{Client, ResourceExt};
 use tokio::sync::watch as signal;
 
 use crate::controller::broker::connection::rabbitmq_cluster_resource;
+use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::kube::owned::{Owned, OwnedStores, Packed};
 use crate::controller::objects::meta::managed_by_selector;
 use crate::controller::reconcile::{error_policy, reconcile_guarded};
-use crate::controller::runtime::context::Context;
 use crate::controller::runtime::index::{Guarded, ReferenceIndex, Referenced};
-use crate::controller::signalled;
+use crate::controller::runtime::signalled;
 use crate::telemetry::Health;
 
 /// How many of its own Deployments or Secrets the operator lists at once when a watch
