@@ -18,12 +18,13 @@ use futures::future::{join_all, try_join_all};
 
 use super::declare::AmqpDeclarer;
 use super::desired::Policy;
+use super::desired::Topology;
 use super::diff::{self, Change, Observed};
+use super::error::TopologyError;
 use super::import::POLICY_IMPORT_FROM;
 use super::management::Management;
-use super::snapshot::{DEFINITIONS_FROM, Snapshot};
-use super::together;
-use super::{Topology, TopologyError};
+use super::management::snapshot::{DEFINITIONS_FROM, Snapshot};
+use super::management::together;
 
 /// What apply would change, without changing anything.
 pub async fn plan(
@@ -196,7 +197,7 @@ pub async fn apply_all_declaring(
 /// name, so a pipeline in sync costs no request of its own. A change in the vhost by
 /// someone else is found up to `max_age` later than by [`apply`]. With a `policy_window`,
 /// the policies to write go together with those of the other work of this client for the
-/// same vhost within that window ([`super::together`]).
+/// same vhost within that window ([`super::management::together`]).
 pub async fn apply_shared(
     management: &Arc<Management>,
     topology: &Topology,

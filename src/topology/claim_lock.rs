@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use ring::digest::{SHA256, digest};
 use serde_json::{Map, Value, json};
 
-use super::TopologyError;
+use super::error::TopologyError;
 use super::management::Management;
 use super::ownership::Claim;
 

@@ -15,9 +15,9 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptio
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ErrorKind, ExchangeKind as AmqpExchangeKind};
 
-use super::TopologyError;
 use super::desired::ExchangeKind;
 use super::diff::Change;
+use super::error::TopologyError;
 use super::management::{MAX_IN_FLIGHT, Management};
 use crate::amqp::address::with_vhost;
 use crate::amqp::connect;

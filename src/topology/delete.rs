@@ -6,9 +6,10 @@
 use std::fmt;
 
 use super::desired::Binding;
+use super::desired::Topology;
+use super::error::TopologyError;
 use super::live::{LiveLoad, LiveQueues};
 use super::management::Management;
-use super::{Topology, TopologyError};
 use crate::spec::DeletionPolicy;
 
 /// What a delete did, and what it left and why.

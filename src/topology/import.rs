@@ -8,8 +8,8 @@
 
 use serde_json::{Value, json};
 
-use super::TopologyError;
 use super::desired::{POLICY_PRIORITY, Policy};
+use super::error::TopologyError;
 use super::management::Management;
 
 /// From this many policies to write in one vhost in one pass, they are imported in one

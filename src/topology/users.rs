@@ -14,8 +14,8 @@ use rabbitmq_http_client::password_hashing::{
 };
 use rabbitmq_http_client::requests::{Permissions as PermissionParams, UserParams};
 
-use super::TopologyError;
 use super::desired::{exact_alternatives, exact_pattern};
+use super::error::TopologyError;
 use super::management::Management;
 use crate::spec::TopologySpec;
 

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::TopologyError;
 use super::broker::BrokerCapabilities;
+use super::error::TopologyError;
 use super::management::Management;
 
 impl Management {

@@ -818,8 +818,18 @@ async fn policies_written_together_each_learn_their_own_outcome() {
     let bad = vec![policy("mailer.bad", json!({"message-ttl": "never"}))];
     let window = Duration::from_millis(500);
     let (good_written, bad_written) = tokio::join!(
-        topology::together::put_policies_together(&management, &vhost.name, good, window),
-        topology::together::put_policies_together(&management, &vhost.name, bad, window),
+        topology::management::together::put_policies_together(
+            &management,
+            &vhost.name,
+            good,
+            window
+        ),
+        topology::management::together::put_policies_together(
+            &management,
+            &vhost.name,
+            bad,
+            window
+        ),
     );
     good_written.expect("the good policy is written");
     assert!(bad_written.is_err(), "{bad_written:?}");

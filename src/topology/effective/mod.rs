@@ -31,9 +31,9 @@ use std::fmt;
 use rabbitmq_http_client::responses::QueueInfo;
 use serde_json::{Map, Value};
 
-use super::TopologyError;
 use super::broker::BrokerCapabilities;
 use super::management::{Management, QueueDepth};
+use crate::topology::error::TopologyError;
 
 mod shadowing;
 pub use shadowing::{LostSetting, Shadowing, shadowing};

@@ -7,7 +7,7 @@ use url::Url;
 
 use crate::amqp::address::AmqpAddress;
 use crate::redact::{MASK, credentials};
-use crate::topology::TopologyError;
+use crate::topology::error::TopologyError;
 
 /// Where the management API is and who to be there.
 #[derive(Clone, PartialEq, Eq, Hash)]

@@ -4,7 +4,7 @@
 use rabbitmq_http_client::api::HttpClientError;
 
 use super::ManagementEndpoint;
-use crate::topology::TopologyError;
+use crate::topology::error::TopologyError;
 
 impl TopologyError {
     /// A request that got no answer.

@@ -1,11 +1,18 @@
 //! RabbitMQ's management HTTP API, through `rabbitmq_http_client`: one pooled client per
 //! broker endpoint, with a bound on the requests it has in flight, making one change at a
-//! time with errors a user can act on. Reading a pipeline's objects is in
-//! [`observe`](super::observe); where the API is and who to be there is [`endpoint`], and
-//! how its failures read is [`errors`].
+//! time with errors a user can act on. Reading a pipeline's objects is in [`observe`],
+//! a vhost's definitions read once for many in [`snapshot`], the owner markers in
+//! [`markers`], policies of many reconciles written together in [`together`]; where the
+//! API is and who to be there is [`endpoint`], and how its failures read is [`errors`].
+//! What this client keeps for a while (definitions, markers, open policy batches) is
+//! defined beside what reads it, so nothing it holds imports it back.
 
 mod endpoint;
 mod errors;
+pub mod markers;
+pub mod observe;
+pub mod snapshot;
+pub mod together;
 
 pub use endpoint::ManagementEndpoint;
 
@@ -21,13 +28,13 @@ use rabbitmq_http_client::requests::{
 };
 use rabbitmq_http_client::responses::QueueInfo;
 
-use super::TopologyError;
 use super::broker::BrokerCapabilities;
 use super::desired::{Binding, ExchangeKind, POLICY_PRIORITY};
 use super::diff::Change;
-use super::ownership::SharedMarkers;
-use super::snapshot::SharedSnapshots;
-use super::together::PolicyBatches;
+use crate::topology::error::TopologyError;
+use markers::SharedMarkers;
+use snapshot::SharedSnapshots;
+use together::PolicyBatches;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -116,7 +123,7 @@ pub struct Management {
     /// Held while the markers are read for [`shared_markers`](Self::shared_markers).
     pub(super) markers_read: tokio::sync::Mutex<()>,
     /// Policies of work running at once, gathered per vhost
-    /// ([`super::together::put_policies_together`]).
+    /// ([`together::put_policies_together`]).
     pub(super) policy_batches: PolicyBatches,
 }
 

@@ -9,10 +9,10 @@ use futures::future::try_join_all;
 use rabbitmq_http_client::commons::{BindingDestinationType, PolicyTarget};
 use rabbitmq_http_client::responses::{BindingInfo, ExchangeInfo, Policy, QueueInfo};
 
-use super::TopologyError;
-use super::desired::{Binding, Topology};
-use super::diff::{Observed, ObservedExchange, ObservedPolicy, ObservedQueue};
-use super::management::Management;
+use super::Management;
+use crate::topology::desired::{Binding, Topology};
+use crate::topology::diff::{Observed, ObservedExchange, ObservedPolicy, ObservedQueue};
+use crate::topology::error::TopologyError;
 
 /// The reading requests of one pipeline whose objects all exist: 3 exchanges, 3 queues,
 /// the bindings of each of the 3 queues, 3 policies.
@@ -112,7 +112,7 @@ impl Management {
     }
 
     /// A queue and, when it exists, the exchange-to-queue bindings to it.
-    pub(super) async fn queue(
+    pub(in crate::topology) async fn queue(
         &self,
         vhost: &str,
         name: &str,
@@ -169,7 +169,7 @@ fn queue_binding(b: BindingInfo) -> Option<Binding> {
 
 /// An exchange-to-queue binding; `None` for the default exchange's implicit one and for
 /// exchange-to-exchange bindings.
-pub(super) fn queue_binding_of(
+pub(in crate::topology) fn queue_binding_of(
     destination_type: &BindingDestinationType,
     source: String,
     destination: String,
@@ -193,7 +193,7 @@ fn observed_policy(p: Policy) -> ObservedPolicy {
     }
 }
 
-pub(super) fn policy_target_name(target: &PolicyTarget) -> &'static str {
+pub(in crate::topology) fn policy_target_name(target: &PolicyTarget) -> &'static str {
     match target {
         PolicyTarget::Queues => "queues",
         PolicyTarget::ClassicQueues => "classic_queues",

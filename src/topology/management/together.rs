@@ -18,10 +18,10 @@ use std::time::Duration;
 use futures::future::join_all;
 use tokio::sync::oneshot;
 
-use super::TopologyError;
-use super::desired::Policy;
-use super::diff::Change;
-use super::management::Management;
+use super::Management;
+use crate::topology::desired::Policy;
+use crate::topology::diff::Change;
+use crate::topology::error::TopologyError;
 
 /// One reconcile's policies in a batch, and where its outcome goes.
 struct Submission {
@@ -31,7 +31,7 @@ struct Submission {
 
 /// The open batch of each vhost of a client.
 #[derive(Default)]
-pub(super) struct PolicyBatches {
+pub(in crate::topology) struct PolicyBatches {
     open: Mutex<HashMap<String, Vec<Submission>>>,
 }
 

@@ -14,11 +14,11 @@ use rabbitmq_http_client::responses::{
     PolicyWithoutVirtualHost, QueueDefinitionWithoutVirtualHost, VirtualHostDefinitionSet,
 };
 
-use super::TopologyError;
-use super::desired::{Binding, Topology};
-use super::diff::{Observed, ObservedExchange, ObservedPolicy, ObservedQueue};
-use super::management::Management;
+use super::Management;
 use super::observe::{policy_target_name, queue_binding_of};
+use crate::topology::desired::{Binding, Topology};
+use crate::topology::diff::{Observed, ObservedExchange, ObservedPolicy, ObservedQueue};
+use crate::topology::error::TopologyError;
 
 /// From this many pipelines of a pass in one vhost, the pass reads the vhost's
 /// definitions once instead of each pipeline's objects by name. Fewer are cheaper by
@@ -38,7 +38,7 @@ pub struct Snapshot {
 /// What a client keeps for [`Management::shared_snapshot`]: by vhost, the definitions
 /// last read and when, and when it last wrote there.
 #[derive(Default)]
-pub(super) struct SharedSnapshots {
+pub(in crate::topology) struct SharedSnapshots {
     read: HashMap<String, (Instant, Option<Arc<Snapshot>>)>,
     written: HashMap<String, Instant>,
 }
@@ -46,7 +46,7 @@ pub(super) struct SharedSnapshots {
 impl Management {
     /// Notes a write to `vhost` through this client: definitions read before it no longer
     /// serve.
-    pub(super) fn wrote_to(&self, vhost: &str) {
+    pub(in crate::topology) fn wrote_to(&self, vhost: &str) {
         self.snapshots
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -69,7 +69,7 @@ impl Management {
     /// this client for `max_age` (a vhost being built is read by name); `None` when there
     /// are none to use (always, for a zero `max_age`). One read at a time per client, so
     /// work running at once shares it.
-    pub(super) async fn shared_snapshot(
+    pub(in crate::topology) async fn shared_snapshot(
         &self,
         vhost: &str,
         max_age: Duration,

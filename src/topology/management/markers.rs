@@ -1,0 +1,138 @@
+//! The owner markers in the broker (global parameters, see [`crate::topology::ownership`]):
+//! read, shared for a while by the work of a client, written and removed.
+
+use std::sync::PoisonError;
+use std::time::{Duration, Instant};
+
+use rabbitmq_http_client::requests::GlobalRuntimeParameterDefinition;
+
+use super::Management;
+use crate::topology::error::TopologyError;
+use crate::topology::ownership::{Claim, GlobalParameter, Markers, Owner, read_owner};
+
+/// Markers read once and shared by the work of a client for a while (see
+/// [`Management::shared_markers`]).
+#[derive(Default)]
+pub(in crate::topology) struct SharedMarkers {
+    read: Option<(Instant, Markers)>,
+}
+
+impl Management {
+    /// Every marker in the broker, read now: one request, whatever the number of markers.
+    pub async fn markers(&self) -> Result<Markers, TopologyError> {
+        let listed: Option<Vec<GlobalParameter>> = self
+            .get_json_unless_refused(&["global-parameters"], "list the global parameters")
+            .await?;
+        match listed {
+            Some(parameters) => Ok(Markers::from_parameters(parameters)),
+            None => Err(TopologyError::Forbidden {
+                endpoint: self.endpoint().to_string(),
+                user: self.endpoint().username.clone(),
+                action: "list the global parameters (the owner markers)".into(),
+            }),
+        }
+    }
+
+    /// The markers as read at most `max_age` ago, else read now. Only what reads as this
+    /// pipeline's own may be decided on them: a marker of its own is removed by no one
+    /// but its owner, so it is still there; a claim is always decided on markers read
+    /// under its lock ([`owner`](Self::owner)). A marker written or removed through this
+    /// client makes the next call read again.
+    pub async fn shared_markers(&self, max_age: Duration) -> Result<Markers, TopologyError> {
+        let fresh = || {
+            self.markers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .read
+                .as_ref()
+                .filter(|(at, _)| at.elapsed() < max_age)
+                .map(|(_, markers)| markers.clone())
+        };
+        if let Some(markers) = fresh() {
+            return Ok(markers);
+        }
+        // Work starting together (every pipeline, after a restart) shares one read.
+        let _reading = self.markers_read.lock().await;
+        if let Some(markers) = fresh() {
+            return Ok(markers);
+        }
+        let markers = self.markers().await?;
+        self.markers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .read = Some((Instant::now(), markers.clone()));
+        Ok(markers)
+    }
+
+    fn markers_changed(&self) {
+        self.markers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .read = None;
+    }
+
+    /// The owner `marker` names, read now, if it exists.
+    pub async fn owner(&self, marker: &str) -> Result<Option<Owner>, TopologyError> {
+        match self
+            .read(self.api.get_global_runtime_parameter(marker))
+            .await
+        {
+            Ok(parameter) => Ok(Some(read_owner(marker, parameter.value.into()))),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(self.error(&format!("read global parameter {marker:?}"), e)),
+        }
+    }
+
+    /// Writes `marker` naming `owner`.
+    pub async fn set_owner(&self, marker: &str, owner: &Owner) -> Result<(), TopologyError> {
+        let value = match serde_json::to_value(owner) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
+        let parameter = GlobalRuntimeParameterDefinition {
+            name: marker,
+            value,
+        };
+        self.markers_changed();
+        self.bounded_write(self.api.upsert_global_runtime_parameter(&parameter))
+            .await
+            .map_err(|e| self.error(&format!("write global parameter {marker:?}"), e))
+    }
+
+    /// Writes the marker of `claim` naming `owner`.
+    pub async fn set_owner_of(&self, claim: &Claim, owner: &Owner) -> Result<(), TopologyError> {
+        self.set_owner(&claim.marker(), owner).await
+    }
+
+    /// Removes `marker`; `false` when it was not there.
+    pub async fn clear_owner(&self, marker: &str) -> Result<bool, TopologyError> {
+        self.markers_changed();
+        match self
+            .bounded_write(self.api.clear_global_runtime_parameter(marker))
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(self.error(&format!("remove global parameter {marker:?}"), e)),
+        }
+    }
+
+    /// Whether what `claim` names exists in the broker now.
+    pub async fn claimed_exists(&self, claim: &Claim) -> Result<bool, TopologyError> {
+        let found = match claim {
+            Claim::Exchange { vhost, name } => self
+                .read(self.api.get_exchange_info(vhost, name))
+                .await
+                .map(|_| ()),
+            Claim::Queue { vhost, name } => {
+                return Ok(self.queue_info(vhost, name).await?.is_some());
+            }
+            Claim::User { name } => self.read(self.api.get_user(name)).await.map(|_| ()),
+        };
+        match found {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(self.error(&format!("read {claim}"), e)),
+        }
+    }
+}
