@@ -64,8 +64,28 @@ pub async fn run(
     };
     for ((pipeline, desired), changes) in manifest.pipelines.iter().zip(&desired).zip(&plans) {
         print_changes(&display_name(pipeline), &desired.vhost, prefix, changes);
+        if action == Action::Apply {
+            // After the new tiers exist: a former tier's queue goes once it is empty.
+            let live_url = live_url(&endpoint, amqp_url, &desired.vhost)?;
+            let spec = &pipeline.spec.topology;
+            let report =
+                topology::tiers::remove_former_tiers(&management, &desired.vhost, spec, &live_url)
+                    .await?;
+            for line in topology::tiers::describe(&report) {
+                println!("  {line}");
+            }
+        }
     }
     Ok(())
+}
+
+/// Where the queues of `vhost` are counted live: `amqp_url`, else the management API's
+/// host on the AMQP port.
+fn live_url(endpoint: &ManagementEndpoint, amqp_url: Option<&str>, vhost: &str) -> Result<String> {
+    Ok(match amqp_url {
+        Some(url) => with_vhost(url, vhost).map_err(anyhow::Error::msg)?,
+        None => endpoint.amqp_url(vhost),
+    })
 }
 
 /// Deletes what one pipeline's `deletionPolicy` allows and prints what it did.
@@ -79,10 +99,7 @@ async fn delete(
 ) -> Result<()> {
     let name = display_name(pipeline);
     let vhost = &desired.vhost;
-    let live_url = match amqp_url {
-        Some(url) => with_vhost(url, vhost).map_err(anyhow::Error::msg)?,
-        None => endpoint.amqp_url(vhost),
-    };
+    let live_url = live_url(endpoint, amqp_url, vhost)?;
     let check = if force {
         EmptinessCheck::Force
     } else {

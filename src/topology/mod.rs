@@ -3,7 +3,8 @@
 //! ([`observe`]), the comparison of the two ([`diff`]), and applying ([`apply`]) or
 //! deleting ([`delete`]) through the management API, one pipeline or a pass over many;
 //! a first apply of many may declare exchanges, queues and bindings over AMQP instead
-//! ([`declare`]). What a pipeline owns there is in [`ownership`].
+//! ([`declare`]). What a pipeline owns there is in [`ownership`]. The standalone
+//! commands remove the delay queues of tiers a spec no longer has by name ([`tiers`]).
 
 pub mod apply;
 pub mod broker;
@@ -19,6 +20,7 @@ pub mod management;
 pub mod observe;
 pub mod ownership;
 pub mod snapshot;
+pub mod tiers;
 pub mod together;
 pub mod users;
 pub mod version;

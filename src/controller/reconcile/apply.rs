@@ -26,7 +26,7 @@ use crate::controller::reconcile::resolve::{LiveKeda, Resolved};
 use crate::controller::reconcile::retire::retire;
 use crate::controller::reconcile::validate::Validated;
 use crate::controller::runtime::context::Context;
-use crate::topology::ownership::Claim;
+use crate::topology::ownership::{Claim, is_former_tier};
 use crate::topology::{self, Change, UserChange, UserGrant};
 
 /// How long a vhost's definitions, read for one reconcile, serve the others of the same
@@ -48,6 +48,11 @@ pub struct Applied {
     pub deployment: Option<Deployment>,
     /// What was done in, or kept of, the vhost the pipeline left.
     pub left_behind: Vec<String>,
+    /// Delay queues of tiers the spec no longer has, kept while they hold parked
+    /// requests (see [`retire`]).
+    pub draining: Vec<String>,
+    /// Such queues, and their policies, removed now that they are empty.
+    pub drained: Vec<String>,
 }
 
 /// Applies what is desired, and says whether KEDA scales the workers.
@@ -64,6 +69,7 @@ pub async fn apply(
     let vhost = &desired.topology.vhost;
     let mut user_changes = Vec::new();
     let mut left_behind = Vec::new();
+    let mut tiers = (Vec::new(), Vec::new());
     // Before anything is made in the broker: what cleans it up needs this Secret.
     let connection_secret = valid.broker.broker.connection_secret.as_ref();
     if let Some(meta) = connection_secret {
@@ -144,11 +150,15 @@ pub async fn apply(
             &ctx.settings.cluster_name,
             &mut user_changes,
             &mut left_behind,
+            &mut tiers,
         )
         .await?;
     }
+    let (draining, drained) = tiers;
     let applied = Applied {
         left_behind,
+        draining,
+        drained,
         topology_changes,
         user_changes,
         reapplied_objects,
@@ -159,7 +169,8 @@ pub async fn apply(
 
 /// Gives up what the pipeline holds and no longer wants (see [`crate::controller::reconcile::retire`]): its
 /// objects in a vhost it left or under names it changed, a workers' user it no longer
-/// uses; and the workers' permissions on a vhost it left.
+/// uses; and the workers' permissions on a vhost it left. The delay queues of tiers it
+/// no longer has go when empty; `tiers` gets those kept and those removed.
 async fn retire_unwanted(
     valid: &Validated<'_>,
     desired: &Desired,
@@ -167,6 +178,7 @@ async fn retire_unwanted(
     cluster: &str,
     user_changes: &mut Vec<UserChange>,
     left_behind: &mut Vec<String>,
+    tiers: &mut (Vec<String>, Vec<String>),
 ) -> Result<(), Error> {
     let management = &valid.broker.management;
     let credentials = &valid.user;
@@ -188,14 +200,22 @@ async fn retire_unwanted(
         }
     }
     let me = owner_of(cluster, valid.pipeline);
+    let former_tiers: BTreeSet<Claim> = retiring
+        .iter()
+        .filter(|claim| is_former_tier(&desired.topology.vhost, &valid.spec.topology, claim))
+        .cloned()
+        .collect();
     let retired = retire(
         management,
         &valid.broker.broker,
         &me,
         retiring,
+        &former_tiers,
         valid.spec.topology.deletion_policy,
     )
     .await?;
+    tiers.0.extend(retired.draining);
+    tiers.1.extend(retired.drained);
     user_changes.extend(
         retired
             .users_removed
