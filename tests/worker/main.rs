@@ -1,11 +1,12 @@
 //! `mailer worker` end to end: the real binary against the real RabbitMQ and a real SMTP
 //! server (aiosmtpd), one vhost per test. Every row of the outcome table, header
 //! carry-over, the unroutable park, SIGTERM and SIGKILL mid-stream; many parks in flight on
-//! one channel, some unroutable; the request size limit.
+//! one channel, some unroutable; the request size limit; delay tiers.
 
 pub mod identity;
 pub mod pipelined;
 pub mod size;
+pub mod tiers;
 
 use std::collections::BTreeSet;
 use std::process::{Child, Command};
