@@ -52,7 +52,7 @@ const ONE_WAY_TO_DELAY_RULE: &str = "!(has(self.retryDelay) && has(self.retryDel
     printcolumn = r#"{"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status", "description": "Whether the topology is in RabbitMQ and every worker is ready"}"#,
     printcolumn = r#"{"name": "Send", "type": "integer", "jsonPath": ".status.queues.send", "description": "Mail requests waiting to be sent"}"#,
     printcolumn = r#"{"name": "Retry", "type": "integer", "jsonPath": ".status.queues.retry", "description": "Requests waiting for their next attempt"}"#,
-    printcolumn = r#"{"name": "Tiers", "type": "string", "priority": 1, "jsonPath": ".status.queues.retryTiers[*].messages", "description": "Requests waiting in each delay tier, in tier order (with retryDelays)"}"#,
+    printcolumn = r#"{"name": "Tiers", "type": "string", "priority": 1, "jsonPath": ".status.queues.retryByTier", "description": "Requests waiting in each delay tier, in tier order, e.g. 3/0/1/2 (with retryDelays), and in former tiers' queues still draining"}"#,
     printcolumn = r#"{"name": "Dead", "type": "integer", "jsonPath": ".status.queues.dead", "description": "Dead letters kept for people to inspect"}"#,
     printcolumn = r#"{"name": "Workers", "type": "integer", "jsonPath": ".status.workers.ready", "description": "Worker pods ready"}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#

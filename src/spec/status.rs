@@ -57,6 +57,11 @@ pub struct QueueDepths {
     /// requests waiting in each tier's queue, in tier order, then the former tiers'.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retry_tiers: Vec<RetryTierDepth>,
+    /// `retryTiers` in one line, for `kubectl get -o wide`: each tier's count in tier
+    /// order, e.g. `3/0/1/2` (`?` for one not counted), then `+5 draining` for what the
+    /// former tiers' queues hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_by_tier: Option<String>,
     /// Dead letters: requests that never will succeed, kept for people to inspect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead: Option<i64>,

@@ -225,6 +225,7 @@ mod tests {
                 retry: Some(1),
                 dead: Some(0),
                 retry_tiers: Vec::new(),
+                retry_by_tier: None,
             }),
             worker_user: Some("mailer-worker.prod.shop".into()),
         }

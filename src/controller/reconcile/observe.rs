@@ -139,11 +139,99 @@ fn queue_depths(
         send: depth(0),
         retry,
         dead: depth(2),
+        retry_by_tier: by_tier(&retry_tiers),
         retry_tiers,
     }
+}
+
+/// `tiers` in one line: `3/0/1/2`, then `+5 draining` for the former tiers'; `None` for
+/// none.
+fn by_tier(tiers: &[RetryTierDepth]) -> Option<String> {
+    let (draining, current): (Vec<&RetryTierDepth>, Vec<&RetryTierDepth>) =
+        tiers.iter().partition(|tier| tier.draining);
+    if current.is_empty() {
+        return None;
+    }
+    let count = |tier: &RetryTierDepth| tier.messages.map_or("?".to_string(), |n| n.to_string());
+    let mut line = current
+        .iter()
+        .map(|tier| count(tier))
+        .collect::<Vec<_>>()
+        .join("/");
+    if !draining.is_empty() {
+        let held: Option<i64> = draining.iter().map(|tier| tier.messages).sum();
+        let held = held.map_or("?".to_string(), |n| n.to_string());
+        line.push_str(&format!(" +{held} draining"));
+    }
+    Some(line)
 }
 
 /// RabbitMQ's `messages` already counts the unacknowledged ones.
 fn total(depth: QueueDepth) -> i64 {
     i64::try_from(depth.messages).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::BrokerCapabilities;
+
+    fn depths(yaml: &str, draining: &[String], counts: &[Option<i64>]) -> QueueDepths {
+        let spec: TopologySpec = serde_yaml::from_str(yaml).unwrap();
+        let topology = Topology::desired("/", &spec, BrokerCapabilities::RABBITMQ_4).unwrap();
+        queue_depths(&topology, &spec, draining, |i| {
+            counts.get(i).copied().flatten()
+        })
+    }
+
+    #[test]
+    fn one_tier_shows_as_before() {
+        let d = depths("{}", &[], &[Some(4), Some(2), Some(1)]);
+        assert_eq!((d.send, d.retry, d.dead), (Some(4), Some(2), Some(1)));
+        assert!(d.retry_tiers.is_empty());
+        assert_eq!(d.retry_by_tier, None);
+    }
+
+    #[test]
+    fn tiers_are_counted_one_by_one_and_summed() {
+        // Queues in the topology's order: send, tier 1, dead, tier 2, tier 3; then the
+        // former tier 4 that drains.
+        let counts = [Some(9), Some(3), Some(1), Some(0), Some(2), Some(5)];
+        let draining = ["mail.send.retry.4".to_string()];
+        let d = depths("{retryDelays: [30s, 5m, 2h]}", &draining, &counts);
+        assert_eq!((d.send, d.retry, d.dead), (Some(9), Some(5), Some(1)));
+        let tiers: Vec<_> = d
+            .retry_tiers
+            .iter()
+            .map(|t| {
+                (
+                    t.tier,
+                    t.queue.as_str(),
+                    t.delay.as_deref(),
+                    t.messages,
+                    t.draining,
+                )
+            })
+            .collect();
+        assert_eq!(
+            tiers,
+            [
+                (1, "mail.send.retry", Some("30s"), Some(3), false),
+                (2, "mail.send.retry.2", Some("5m"), Some(0), false),
+                (3, "mail.send.retry.3", Some("2h"), Some(2), false),
+                (4, "mail.send.retry.4", None, Some(5), true)
+            ]
+        );
+        assert_eq!(d.retry_by_tier.as_deref(), Some("3/0/2 +5 draining"));
+        let uncounted = depths(
+            "{retryDelays: [1s, 2s]}",
+            &[],
+            &[Some(0), None, Some(0), Some(7)],
+        );
+        assert_eq!(
+            uncounted.retry, None,
+            "a sum with a tier not counted is not known"
+        );
+        assert_eq!(uncounted.retry_by_tier.as_deref(), Some("?/7"));
+    }
 }

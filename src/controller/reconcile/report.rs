@@ -177,6 +177,20 @@ async fn publish_events(
                 )
                 .await;
             }
+            if !done.applied.drained.is_empty() {
+                let note = format!(
+                    "removed the empty queue of a former delay tier: {}",
+                    done.applied.drained.join("; ")
+                );
+                ctx.publish(
+                    &regarding,
+                    EventType::Normal,
+                    event::RETRY_TIER_REMOVED,
+                    "Reconcile",
+                    note,
+                )
+                .await;
+            }
             let rabbitmq: Vec<String> = done
                 .applied
                 .topology_changes
