@@ -1,6 +1,7 @@
 //! Delay tiers through the operator, on the real broker: the workers get the tiers'
 //! routing keys, the status and the gauge count each tier, and a tier removed while its
-//! queue holds mail keeps the queue (held, draining) until it is empty, then removes it.
+//! queue holds mail keeps the queue (held, draining) until it is empty and the workers
+//! have rolled out, then removes it.
 
 use lapin::options::{QueueDeclareOptions, QueuePurgeOptions};
 use lapin::types::FieldTable;
@@ -137,11 +138,28 @@ async fn tiers_reach_workers_and_status_and_a_former_tier_drains_before_it_goes(
         json!({"tier": 3, "queue": GOING, "messages": 3, "draining": true})
     );
 
-    // Once it is empty, the next reconcile removes it with its policy and marker.
+    // Empty, but a worker of the old template may still run and park there: it stays
+    // until the Deployment has rolled out.
     channel
         .queue_purge(GOING.into(), QueuePurgeOptions::default())
         .await
         .expect("purge");
+    let (result, requests) = h.reconcile(&name).await;
+    result.expect("a reconcile");
+    assert!(
+        !events(&requests)
+            .iter()
+            .any(|(_, reason, _)| reason == "RetryTierRemoved")
+    );
+    assert_eq!(live_count(&connection, GOING).await, Some(0));
+    let path = deployment_path(&format!("{name}-worker"));
+    let mut deployment = h.fake.get(&path).expect("the worker Deployment");
+    let replicas = deployment["spec"]["replicas"].clone();
+    deployment["status"] = json!({"observedGeneration": deployment["metadata"]["generation"],
+        "replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas});
+    h.fake.put(&path, deployment);
+
+    // Rolled out and empty: the next reconcile removes it with its policy and marker.
     let (result, requests) = h.reconcile(&name).await;
     result.expect("a reconcile");
     let published = events(&requests);
