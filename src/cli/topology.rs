@@ -62,18 +62,31 @@ pub async fn run(
             return Ok(());
         }
     };
-    for ((pipeline, desired), changes) in manifest.pipelines.iter().zip(&desired).zip(&plans) {
-        print_changes(&display_name(pipeline), &desired.vhost, prefix, changes);
-        if action == Action::Apply {
-            // After the new tiers exist: a former tier's queue goes once it is empty.
-            let live_url = live_url(&endpoint, amqp_url, &desired.vhost)?;
-            let spec = &pipeline.spec.topology;
-            let report =
-                topology::tiers::remove_former_tiers(&management, &desired.vhost, spec, &live_url)
-                    .await?;
-            for line in topology::tiers::describe(&report) {
-                println!("  {line}");
+    // After the new tiers exist: a former tier's queue goes once it is empty. The
+    // pipelines' passes run at once, within the client's bound on requests in flight.
+    let former = manifest
+        .pipelines
+        .iter()
+        .zip(&desired)
+        .map(|(pipeline, desired)| {
+            let (management, endpoint) = (&management, &endpoint);
+            async move {
+                if action != Action::Apply {
+                    return Ok(Vec::new());
+                }
+                let live_url = live_url(endpoint, amqp_url, &desired.vhost)?;
+                let spec = &pipeline.spec.topology;
+                let removal = topology::tiers::remove_former_tiers;
+                let report = removal(management, &desired.vhost, spec, &live_url).await?;
+                anyhow::Ok(topology::tiers::describe(&report))
             }
+        });
+    let former = futures::future::try_join_all(former).await?;
+    let done = manifest.pipelines.iter().zip(&desired).zip(&plans);
+    for (((pipeline, desired), changes), former) in done.zip(former) {
+        print_changes(&display_name(pipeline), &desired.vhost, prefix, changes);
+        for line in former {
+            println!("  {line}");
         }
     }
     Ok(())
