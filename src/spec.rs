@@ -451,6 +451,22 @@ impl MailerPipelineSpec {
             let field = e.field.strip_prefix("spec.").unwrap_or(&e.field);
             problem(field, e.problem);
         }
+        // The workers get the tiers' routing keys as one comma-separated variable.
+        if topology.retry_tier_count() > 1 {
+            for (field, name) in [
+                ("queue", &topology.queue),
+                ("retryQueue", &topology.retry_queue),
+            ] {
+                if name.contains(',') {
+                    problem(
+                        &format!("topology.{field}"),
+                        format!(
+                            "{name:?} has a comma, which a routing key of a delay tier cannot have (the workers get them comma-separated)"
+                        ),
+                    );
+                }
+            }
+        }
         for tier_queue in topology.retry_tier_queues().iter().skip(1) {
             if tier_queue.len() > MAX_NAME_BYTES {
                 problem(

@@ -130,6 +130,11 @@ fn bad_delay_tiers_are_named() {
             "spec.topology.retryDelays",
             "mail.send.retry.2",
         ),
+        (
+            "{retryDelays: [1m, 2m], retryQueue: \"a,b\"}",
+            "spec.topology.retryQueue",
+            "has a comma",
+        ),
     ] {
         let found = problems(&format!("topology: {yaml}"));
         assert_eq!(found.len(), 1, "{yaml}: {found:?}");
