@@ -62,8 +62,9 @@ pub async fn run(
             return Ok(());
         }
     };
-    // After the new tiers exist: a former tier's queue goes once it is empty. The
-    // pipelines' passes run at once, within the client's bound on requests in flight.
+    // After the new tiers exist: a former tier's queue goes once it is empty (a plan says
+    // which would). The pipelines' passes run at once, within the client's bound on
+    // requests in flight.
     let former = manifest
         .pipelines
         .iter()
@@ -71,11 +72,17 @@ pub async fn run(
         .map(|(pipeline, desired)| {
             let (management, endpoint) = (&management, &endpoint);
             async move {
-                if action != Action::Apply {
-                    return Ok(Vec::new());
+                let spec = &pipeline.spec.topology;
+                match action {
+                    Action::Apply => {}
+                    Action::Plan => {
+                        let found =
+                            topology::tiers::former_tiers(management, &desired.vhost, spec).await?;
+                        return Ok(topology::tiers::describe_plan(&found));
+                    }
+                    Action::Delete { .. } => return Ok(Vec::new()),
                 }
                 let live_url = live_url(endpoint, amqp_url, &desired.vhost)?;
-                let spec = &pipeline.spec.topology;
                 let removal = topology::tiers::remove_former_tiers;
                 let report = removal(management, &desired.vhost, spec, &live_url).await?;
                 anyhow::Ok(topology::tiers::describe(&report))

@@ -13,7 +13,7 @@ use futures::future::try_join_all;
 use super::TopologyError;
 use super::delete::{DeleteReport, EmptinessCheck, Removal, delete_named};
 use super::desired::policy_name;
-use super::management::Management;
+use super::management::{Management, QueueDepth};
 use crate::mail::{MAX_RETRY_TIERS, retry_tier_queue};
 use crate::spec::TopologySpec;
 
@@ -27,19 +27,10 @@ pub async fn remove_former_tiers(
     spec: &TopologySpec,
     amqp_url: &str,
 ) -> Result<DeleteReport, TopologyError> {
-    let former: Vec<String> = (spec.retry_tier_count() + 1..=MAX_RETRY_TIERS)
-        .map(|tier| retry_tier_queue(&spec.retry_queue, tier))
-        .collect();
-    let found = try_join_all(
-        former
-            .iter()
-            .map(|queue| management.queue_depth(vhost, queue)),
-    )
-    .await?;
-    let queues: Vec<String> = former
+    let queues: Vec<String> = former_tiers(management, vhost, spec)
+        .await?
         .into_iter()
-        .zip(found)
-        .filter_map(|(queue, depth)| depth.map(|_| queue))
+        .map(|(queue, _)| queue)
         .collect();
     if queues.is_empty() {
         return Ok(DeleteReport::default());
@@ -51,6 +42,40 @@ pub async fn remove_former_tiers(
         ..Removal::default()
     };
     delete_named(management, &removal, EmptinessCheck::Live(amqp_url)).await
+}
+
+/// The delay queues of `spec`'s former tiers that exist in `vhost`, with their depths as
+/// the management API last counted them: a read of each name a former tier may have.
+pub async fn former_tiers(
+    management: &Management,
+    vhost: &str,
+    spec: &TopologySpec,
+) -> Result<Vec<(String, QueueDepth)>, TopologyError> {
+    let former: Vec<String> = (spec.retry_tier_count() + 1..=MAX_RETRY_TIERS)
+        .map(|tier| retry_tier_queue(&spec.retry_queue, tier))
+        .collect();
+    let found = try_join_all(
+        former
+            .iter()
+            .map(|queue| management.queue_depth(vhost, queue)),
+    )
+    .await?;
+    Ok(former
+        .into_iter()
+        .zip(found)
+        .filter_map(|(queue, depth)| Some((queue, depth?)))
+        .collect())
+}
+
+/// What `mailer topology plan` says of [`former_tiers`], one line each.
+pub fn describe_plan(former: &[(String, QueueDepth)]) -> Vec<String> {
+    former
+        .iter()
+        .map(|(queue, depth)| format!(
+            "would remove queue {queue} of a former delay tier, with its policy, once it is empty (it holds {} messages as last counted)",
+            depth.messages
+        ))
+        .collect()
 }
 
 /// What [`remove_former_tiers`] did, one line each.

@@ -66,25 +66,29 @@ async fn live_count(connection: &Connection, queue: &str) -> Option<u32> {
     declared.ok().map(|queue| queue.message_count())
 }
 
-/// `mailer topology apply` of a pipeline in `vhost` with `topology`, counting queues over
-/// the test broker's AMQP port.
-fn apply_cli(vhost: &str, topology: &str) -> (i32, String, String) {
+/// `mailer topology <action>` of a pipeline in `vhost` with `topology`, counting queues
+/// over the test broker's AMQP port.
+fn topology_cli(action: &str, vhost: &str, topology: &str) -> (i32, String, String) {
     let file = super::tempdir().join("pipeline.yaml");
     let text = format!(
         "apiVersion: mailer.dev/v1alpha1\nkind: MailerPipeline\nmetadata: {{name: tiers}}\nspec:\n  rabbitmq: {{vhost: {vhost}}}\n  topology: {{{topology}}}\n"
     );
     std::fs::write(&file, text).expect("the pipeline file");
     let file = file.to_str().expect("a path");
-    super::mailer(&[
+    let management_url = mailer_testkit::broker::management_url();
+    let mut args = vec![
         "topology",
-        "apply",
+        action,
         "-f",
         file,
         "--management-url",
-        &mailer_testkit::broker::management_url(),
-        "--amqp-url",
-        &mailer_testkit::broker::amqp_base(),
-    ])
+        &management_url,
+    ];
+    let amqp_url = mailer_testkit::broker::amqp_base();
+    if action == "apply" {
+        args.extend(["--amqp-url", &amqp_url]);
+    }
+    super::mailer(&args)
 }
 
 /// Waits, at most `within`, until `done` holds.
@@ -102,7 +106,7 @@ const GOING: &str = "mail.send.retry.3";
 #[tokio::test]
 async fn a_live_tier_change_loses_nothing_and_a_former_tier_goes_once_empty() {
     // Three tiers; the third is long enough to change the tiers while mail waits in it.
-    let (vhost, three) = pipeline_of("tiers-change", "retryDelays: [1s, 2s, 8s]").await;
+    let (vhost, three) = pipeline_of("tiers-change", "retryDelays: [1s, 2s, 12s]").await;
     let connection = vhost.connect().await;
     let channel = confirming_channel(&connection).await;
     let outage = Arc::new(Outage::default());
@@ -137,7 +141,13 @@ async fn a_live_tier_change_loses_nothing_and_a_former_tier_goes_once_empty() {
     // 3: `mailer topology apply` keeps its queue, and says so; so does the next pass.
     worker.stop().await.expect("the worker stops cleanly");
     let two = spec_in(&vhost, "retryDelays: [1s, 2s]");
-    let (code, out, err) = apply_cli(&vhost.name, "retryDelays: [1s, 2s]");
+    let (code, out, err) = topology_cli("plan", &vhost.name, "retryDelays: [1s, 2s]");
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("would remove queue mail.send.retry.3 of a former delay tier"),
+        "{out}"
+    );
+    let (code, out, err) = topology_cli("apply", &vhost.name, "retryDelays: [1s, 2s]");
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains("kept queue mail.send.retry.3 of a former delay tier"),
@@ -211,7 +221,7 @@ async fn a_live_tier_change_loses_nothing_and_a_former_tier_goes_once_empty() {
             .await
             .is_err()
     );
-    let (code, out, err) = apply_cli(&vhost.name, "retryDelays: [1s, 2s]");
+    let (code, out, err) = topology_cli("apply", &vhost.name, "retryDelays: [1s, 2s]");
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("in sync: nothing to change"), "{out}");
     assert!(!out.contains("former delay tier"), "{out}");
