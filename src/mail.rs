@@ -12,9 +12,47 @@ pub const SEND_QUEUE: &str = "mail.send";
 pub const SEND_KEY: &str = "mail.send";
 /// The direct exchange a request that failed for now is parked through.
 pub const RETRY_EXCHANGE: &str = "mail.retry";
-/// The delay queue: holds a parked request for the retry delay, then dead-letters it
-/// back to [`EXCHANGE`] with [`SEND_KEY`].
+/// The delay queue of the first delay tier: holds a parked request for the retry delay,
+/// then dead-letters it back to [`EXCHANGE`] with [`SEND_KEY`]. The further tiers'
+/// queues are named by [`retry_tier_queue`].
 pub const RETRY_QUEUE: &str = "mail.send.retry";
+/// The most delay tiers a pipeline may have (`spec.topology.retryDelays`).
+pub const MAX_RETRY_TIERS: usize = 10;
+
+/// The delay queue of tier `tier` (1-based) of a pipeline whose first delay queue is
+/// `retry_queue`: tier 1 is `retry_queue` itself (`mail.send.retry`, the one-tier
+/// pipeline's name), tier n > 1 is `retry_queue.n` (`mail.send.retry.2`, …). Names carry
+/// the tier's position, not its delay, so changing a delay changes a policy, never a
+/// queue.
+pub fn retry_tier_queue(retry_queue: &str, tier: usize) -> String {
+    match tier {
+        0 | 1 => retry_queue.to_string(),
+        n => format!("{retry_queue}.{n}"),
+    }
+}
+
+/// The tier (1-based) whose delay queue is `queue` in a pipeline whose first delay queue
+/// is `retry_queue`, if it is one of the [`MAX_RETRY_TIERS`].
+pub fn retry_tier_number(retry_queue: &str, queue: &str) -> Option<usize> {
+    (1..=MAX_RETRY_TIERS).find(|tier| retry_tier_queue(retry_queue, *tier) == queue)
+}
+
+/// The routing key a request parked in tier `tier` is published to [`RETRY_EXCHANGE`]
+/// with, in a pipeline whose requests are routed by `send_key`: tier 1 keeps `send_key`
+/// (the one-tier pipeline's binding), tier n > 1 uses its queue's name.
+pub fn retry_tier_key(send_key: &str, retry_queue: &str, tier: usize) -> String {
+    match tier {
+        0 | 1 => send_key.to_string(),
+        n => retry_tier_queue(retry_queue, n),
+    }
+}
+
+/// The tier (1-based) a request whose attempt `failed_attempt` failed for now is parked
+/// in, with `tiers` tiers: attempt n parks in tier min(n, tiers).
+pub fn retry_tier_of(failed_attempt: u32, tiers: usize) -> usize {
+    let attempt = usize::try_from(failed_attempt).unwrap_or(usize::MAX);
+    attempt.clamp(1, tiers.max(1))
+}
 /// The fanout exchange that requests which never will succeed are published to.
 pub const DEAD_EXCHANGE: &str = "mail.dead";
 /// The queue bound to [`DEAD_EXCHANGE`] that keeps dead letters for people to inspect.
@@ -129,5 +167,38 @@ impl BrokerDeadReason {
             Self::Maxlen => "maxlen",
             Self::Rejected => "rejected",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attempt_n_parks_in_tier_n_up_to_the_last() {
+        let four: Vec<usize> = (1..=7).map(|attempt| retry_tier_of(attempt, 4)).collect();
+        assert_eq!(four, [1, 2, 3, 4, 4, 4, 4]);
+        assert_eq!(retry_tier_of(1, 1), 1);
+        assert_eq!(retry_tier_of(9, 1), 1);
+        assert_eq!(retry_tier_of(0, 3), 1, "no attempt 0; the first tier");
+        assert_eq!(retry_tier_of(u32::MAX, MAX_RETRY_TIERS), MAX_RETRY_TIERS);
+    }
+
+    #[test]
+    fn the_first_tier_keeps_the_one_tier_names() {
+        assert_eq!(retry_tier_queue(RETRY_QUEUE, 1), RETRY_QUEUE);
+        assert_eq!(retry_tier_key(SEND_KEY, RETRY_QUEUE, 1), SEND_KEY);
+        assert_eq!(retry_tier_queue(RETRY_QUEUE, 2), "mail.send.retry.2");
+        assert_eq!(
+            retry_tier_key(SEND_KEY, RETRY_QUEUE, 10),
+            "mail.send.retry.10"
+        );
+        assert_eq!(retry_tier_number(RETRY_QUEUE, "mail.send.retry"), Some(1));
+        assert_eq!(
+            retry_tier_number(RETRY_QUEUE, "mail.send.retry.10"),
+            Some(10)
+        );
+        assert_eq!(retry_tier_number(RETRY_QUEUE, "mail.send.retry.11"), None);
+        assert_eq!(retry_tier_number(RETRY_QUEUE, "mail.send.dead"), None);
     }
 }

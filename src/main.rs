@@ -65,7 +65,9 @@ enum TopologyAction {
         /// Declare the missing exchanges, queues and bindings over AMQP at this URL (its
         /// vhost is replaced by each pipeline's) rather than through the management API,
         /// which opens a channel inside the broker for each one. Without it everything
-        /// goes through the management API; vhosts and policies always do.
+        /// goes through the management API; vhosts and policies always do. The queues of
+        /// former delay tiers are counted live over it (by default the management URL's
+        /// host and credentials on port 5672) before they are removed.
         #[arg(long, env = "MAIL_AMQP_URL", hide_env_values = true)]
         amqp_url: Option<String>,
     },

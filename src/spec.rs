@@ -17,7 +17,8 @@ mod status;
 mod worker;
 
 pub use status::{
-    MailerPipelineStatus, QueueDepths, READY, TOPOLOGY_READY, WORKER_READY, WorkerCounts,
+    MailerPipelineStatus, QueueDepths, READY, RetryTierDepth, TOPOLOGY_READY, WORKER_READY,
+    WorkerCounts,
 };
 pub use worker::{AutoscalingSpec, ImagePullPolicy, ProviderSpec, SecretKeySelector, WorkerSpec};
 
@@ -30,6 +31,8 @@ const DISTINCT_NAMES_RULE: &str = "[self.exchange, self.queue, self.retryExchang
 /// CEL: a name RabbitMQ does not reserve for itself.
 const NOT_RESERVED_RULE: &str = "!self.startsWith('amq.')";
 const NOT_RESERVED_MESSAGE: &str = "names starting with \"amq.\" are reserved by RabbitMQ";
+/// CEL: the one delay and the delay tiers are two ways to say the same thing.
+const ONE_WAY_TO_DELAY_RULE: &str = "!(has(self.retryDelay) && has(self.retryDelays))";
 
 /// A mail-sending pipeline on RabbitMQ: its exchanges, quorum queues and policies, and
 /// the workers that consume mail requests and send them.
@@ -49,6 +52,7 @@ const NOT_RESERVED_MESSAGE: &str = "names starting with \"amq.\" are reserved by
     printcolumn = r#"{"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status", "description": "Whether the topology is in RabbitMQ and every worker is ready"}"#,
     printcolumn = r#"{"name": "Send", "type": "integer", "jsonPath": ".status.queues.send", "description": "Mail requests waiting to be sent"}"#,
     printcolumn = r#"{"name": "Retry", "type": "integer", "jsonPath": ".status.queues.retry", "description": "Requests waiting for their next attempt"}"#,
+    printcolumn = r#"{"name": "Tiers", "type": "string", "priority": 1, "jsonPath": ".status.queues.retryByTier", "description": "Requests waiting in each delay tier, in tier order, e.g. 3/0/1/2 (with retryDelays), and in former tiers' queues still draining"}"#,
     printcolumn = r#"{"name": "Dead", "type": "integer", "jsonPath": ".status.queues.dead", "description": "Dead letters kept for people to inspect"}"#,
     printcolumn = r#"{"name": "Workers", "type": "integer", "jsonPath": ".status.workers.ready", "description": "Worker pods ready"}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
@@ -141,6 +145,9 @@ impl ClusterReference {
 #[x_kube(validation = kube::core::Rule::new(DISTINCT_NAMES_RULE)
     .message("exchange, queue, retryExchange, retryQueue, deadExchange and deadQueue must all be different names")
     .reason(kube::core::Reason::FieldValueDuplicate))]
+#[x_kube(validation = kube::core::Rule::new(ONE_WAY_TO_DELAY_RULE)
+    .message("set retryDelay (one delay) or retryDelays (delay tiers), not both")
+    .reason(kube::core::Reason::FieldValueForbidden))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TopologySpec {
     /// The direct exchange producers publish mail requests to.
@@ -159,8 +166,10 @@ pub struct TopologySpec {
     #[schemars(length(min = 1, max = 255))]
     #[x_kube(validation = kube::core::Rule::new(NOT_RESERVED_RULE).message(NOT_RESERVED_MESSAGE))]
     pub retry_exchange: String,
-    /// The delay queue: it holds a parked request for `retryDelay`, then sends it back to
-    /// `exchange`.
+    /// The delay queue (of the first delay tier): it holds a parked request for
+    /// `retryDelay` (or the first of `retryDelays`), then sends it back to `exchange`.
+    /// With delay tiers, tier n > 1 has its own queue, this name followed by `.n`
+    /// (`mail.send.retry.2`, …).
     #[serde(default = "default_retry_queue")]
     #[schemars(length(min = 1, max = 255))]
     #[x_kube(validation = kube::core::Rule::new(NOT_RESERVED_RULE).message(NOT_RESERVED_MESSAGE))]
@@ -177,11 +186,22 @@ pub struct TopologySpec {
     #[x_kube(validation = kube::core::Rule::new(NOT_RESERVED_RULE).message(NOT_RESERVED_MESSAGE))]
     pub dead_queue: String,
     /// How long a request that failed for now waits before its next attempt, e.g. `30s`,
-    /// `5m` or `1h30m`. At least 1s and below 49 days (RabbitMQ's limit). Every attempt
-    /// waits the same delay, since a quorum queue expires messages only from its head.
-    #[serde(default = "default_retry_delay")]
+    /// `5m` or `1h30m`; 5m when neither this nor `retryDelays` is set. At least 1s and
+    /// below 49 days (RabbitMQ's limit). Every attempt waits the same delay, since a
+    /// quorum queue expires messages only from its head: for longer waits after later
+    /// attempts, set `retryDelays` instead (not both).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 64))]
-    pub retry_delay: String,
+    pub retry_delay: Option<String>,
+    /// Delay tiers, e.g. `[30s, 5m, 30m, 2h]`: strictly increasing, at most 10, each as
+    /// `retryDelay`. A request whose attempt n failed for now waits in tier min(n, number
+    /// of tiers), each tier its own delay queue (`retryQueue`, then `retryQueue.2`, …).
+    /// Removing tiers removes their queues once they are empty; one that still holds
+    /// parked requests is kept, and still returns them, until it is. Set this or
+    /// `retryDelay`, not both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 10))]
+    pub retry_delays: Option<Vec<String>>,
     /// Deliveries of one request from `queue` before RabbitMQ dead-letters it to
     /// `deadExchange`; catches a request that makes the worker fail every time.
     #[serde(default = "default_delivery_limit")]
@@ -213,7 +233,8 @@ impl Default for TopologySpec {
             retry_queue: default_retry_queue(),
             dead_exchange: default_dead_exchange(),
             dead_queue: default_dead_queue(),
-            retry_delay: default_retry_delay(),
+            retry_delay: None,
+            retry_delays: None,
             delivery_limit: default_delivery_limit(),
             retry_queue_max_length: None,
             dead_queue_max_length: None,
@@ -253,9 +274,6 @@ fn default_dead_exchange() -> String {
 fn default_dead_queue() -> String {
     mail::DEAD_QUEUE.into()
 }
-fn default_retry_delay() -> String {
-    mail::DEFAULT_RETRY_DELAY.into()
-}
 fn default_delivery_limit() -> u32 {
     mail::DEFAULT_DELIVERY_LIMIT
 }
@@ -274,10 +292,80 @@ pub struct FieldError {
 pub struct InvalidSpec(pub Vec<FieldError>);
 
 impl TopologySpec {
-    /// The retry delay as a duration. Call [`MailerPipelineSpec::validate`] first for an
-    /// error that names the field.
-    pub fn retry_delay(&self) -> Result<Duration, String> {
-        parse_retry_delay(&self.retry_delay)
+    /// The delay of each tier, in order: `retryDelays`, else the one `retryDelay`, else
+    /// the default. Call [`MailerPipelineSpec::validate`] first for every problem at once;
+    /// this names the first.
+    pub fn retry_delays(&self) -> Result<Vec<Duration>, FieldError> {
+        let error = |field: &str, problem: String| FieldError {
+            field: format!("spec.topology.{field}"),
+            problem,
+        };
+        let Some(texts) = &self.retry_delays else {
+            let text = self
+                .retry_delay
+                .as_deref()
+                .unwrap_or(mail::DEFAULT_RETRY_DELAY);
+            return parse_retry_delay(text)
+                .map(|delay| vec![delay])
+                .map_err(|problem| error("retryDelay", problem));
+        };
+        if self.retry_delay.is_some() {
+            return Err(error(
+                "retryDelays",
+                "set retryDelay (one delay) or retryDelays (delay tiers), not both".into(),
+            ));
+        }
+        if texts.is_empty() || texts.len() > mail::MAX_RETRY_TIERS {
+            return Err(error(
+                "retryDelays",
+                format!(
+                    "has {} delays; give 1 to {}",
+                    texts.len(),
+                    mail::MAX_RETRY_TIERS
+                ),
+            ));
+        }
+        let mut delays: Vec<Duration> = Vec::with_capacity(texts.len());
+        for (i, text) in texts.iter().enumerate() {
+            let delay = parse_retry_delay(text)
+                .map_err(|problem| error(&format!("retryDelays[{i}]"), problem))?;
+            if let Some(previous) = delays.last()
+                && delay <= *previous
+            {
+                return Err(error(
+                    &format!("retryDelays[{i}]"),
+                    format!(
+                        "{text:?} is not longer than the tier before it ({:?}); the delays must be strictly increasing",
+                        texts[i - 1]
+                    ),
+                ));
+            }
+            delays.push(delay);
+        }
+        Ok(delays)
+    }
+
+    /// How many delay tiers the spec asks for, whether or not its delays are valid (at
+    /// most [`mail::MAX_RETRY_TIERS`]).
+    pub fn retry_tier_count(&self) -> usize {
+        self.retry_delays
+            .as_ref()
+            .map_or(1, |delays| delays.len().clamp(1, mail::MAX_RETRY_TIERS))
+    }
+
+    /// The delay queue of each tier, in order: `retryQueue`, `retryQueue.2`, …
+    pub fn retry_tier_queues(&self) -> Vec<String> {
+        (1..=self.retry_tier_count())
+            .map(|tier| mail::retry_tier_queue(&self.retry_queue, tier))
+            .collect()
+    }
+
+    /// The routing key of each tier on `retryExchange`, in order: `queue` (the send key)
+    /// for the first, then each further tier's queue name.
+    pub fn retry_tier_keys(&self) -> Vec<String> {
+        (1..=self.retry_tier_count())
+            .map(|tier| mail::retry_tier_key(&self.queue, &self.retry_queue, tier))
+            .collect()
     }
 
     /// The six names with the field each comes from, in a fixed order.
@@ -359,8 +447,43 @@ impl MailerPipelineSpec {
                 );
             }
         }
-        if let Err(e) = topology.retry_delay() {
-            problem("topology.retryDelay", e);
+        if let Err(e) = topology.retry_delays() {
+            let field = e.field.strip_prefix("spec.").unwrap_or(&e.field);
+            problem(field, e.problem);
+        }
+        // The workers get the tiers' routing keys as one comma-separated variable.
+        if topology.retry_tier_count() > 1 {
+            for (field, name) in [
+                ("queue", &topology.queue),
+                ("retryQueue", &topology.retry_queue),
+            ] {
+                if name.contains(',') {
+                    problem(
+                        &format!("topology.{field}"),
+                        format!(
+                            "{name:?} has a comma, which a routing key of a delay tier cannot have (the workers get them comma-separated)"
+                        ),
+                    );
+                }
+            }
+        }
+        for tier_queue in topology.retry_tier_queues().iter().skip(1) {
+            if tier_queue.len() > MAX_NAME_BYTES {
+                problem(
+                    "topology.retryQueue",
+                    format!(
+                        "its delay tier's queue {tier_queue:?} would be {} bytes long; RabbitMQ allows at most {MAX_NAME_BYTES}",
+                        tier_queue.len()
+                    ),
+                );
+            } else if seen.contains(tier_queue.as_str()) {
+                problem(
+                    "topology.retryDelays",
+                    format!(
+                        "the delay tier's queue {tier_queue:?} would have the name of another exchange or queue of this pipeline; choose another retryQueue or name"
+                    ),
+                );
+            }
         }
         if topology.delivery_limit == 0 {
             problem("topology.deliveryLimit", "must be at least 1".into());

@@ -94,7 +94,7 @@ impl BenchVhost {
         let name = format!("mailer-bench-{scenario}-{}-{millis}", std::process::id());
         let mut spec = MailerPipelineSpec::default();
         spec.rabbitmq.vhost = name.clone();
-        spec.topology.retry_delay = "1h".into();
+        spec.topology.retry_delay = Some("1h".into());
         spec.worker.prefetch = PREFETCH;
         let management = Management::new(&ManagementEndpoint::parse(&management_url())?)?;
         let desired = Topology::desired(

@@ -42,6 +42,7 @@ pub async fn run_worker(
         prefetch: PREFETCH,
         queue: t.queue.clone(),
         retry_exchange: t.retry_exchange.clone(),
+        retry_keys: Vec::new(),
         dead_exchange: t.dead_exchange.clone(),
         send_key: t.queue.clone(),
         timeouts: Timeouts::default(),

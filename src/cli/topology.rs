@@ -62,10 +62,50 @@ pub async fn run(
             return Ok(());
         }
     };
-    for ((pipeline, desired), changes) in manifest.pipelines.iter().zip(&desired).zip(&plans) {
+    // After the new tiers exist: a former tier's queue goes once it is empty (a plan says
+    // which would). The pipelines' passes run at once, within the client's bound on
+    // requests in flight.
+    let former = manifest
+        .pipelines
+        .iter()
+        .zip(&desired)
+        .map(|(pipeline, desired)| {
+            let (management, endpoint) = (&management, &endpoint);
+            async move {
+                let spec = &pipeline.spec.topology;
+                match action {
+                    Action::Apply => {}
+                    Action::Plan => {
+                        let found =
+                            topology::tiers::former_tiers(management, &desired.vhost, spec).await?;
+                        return Ok(topology::tiers::describe_plan(&found));
+                    }
+                    Action::Delete { .. } => return Ok(Vec::new()),
+                }
+                let live_url = live_url(endpoint, amqp_url, &desired.vhost)?;
+                let removal = topology::tiers::remove_former_tiers;
+                let report = removal(management, &desired.vhost, spec, &live_url).await?;
+                anyhow::Ok(topology::tiers::describe(&report))
+            }
+        });
+    let former = futures::future::try_join_all(former).await?;
+    let done = manifest.pipelines.iter().zip(&desired).zip(&plans);
+    for (((pipeline, desired), changes), former) in done.zip(former) {
         print_changes(&display_name(pipeline), &desired.vhost, prefix, changes);
+        for line in former {
+            println!("  {line}");
+        }
     }
     Ok(())
+}
+
+/// Where the queues of `vhost` are counted live: `amqp_url`, else the management API's
+/// host on the AMQP port.
+fn live_url(endpoint: &ManagementEndpoint, amqp_url: Option<&str>, vhost: &str) -> Result<String> {
+    Ok(match amqp_url {
+        Some(url) => with_vhost(url, vhost).map_err(anyhow::Error::msg)?,
+        None => endpoint.amqp_url(vhost),
+    })
 }
 
 /// Deletes what one pipeline's `deletionPolicy` allows and prints what it did.
@@ -79,10 +119,7 @@ async fn delete(
 ) -> Result<()> {
     let name = display_name(pipeline);
     let vhost = &desired.vhost;
-    let live_url = match amqp_url {
-        Some(url) => with_vhost(url, vhost).map_err(anyhow::Error::msg)?,
-        None => endpoint.amqp_url(vhost),
-    };
+    let live_url = live_url(endpoint, amqp_url, vhost)?;
     let check = if force {
         EmptinessCheck::Force
     } else {

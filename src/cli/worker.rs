@@ -12,7 +12,7 @@ use crate::mail;
 use crate::message::send::{Destination, publish_request};
 use crate::message::{MailRequest, parse_request, size, unique_id};
 use crate::worker::Worker;
-use crate::worker::config::{ConfigError, Timeouts, amqp_user};
+use crate::worker::config::{ConfigError, Timeouts, amqp_user, retry_keys};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {
@@ -56,6 +56,12 @@ pub struct WorkerTuning {
     /// The exchange requests that failed for now are parked through.
     #[arg(long, env = "MAIL_RETRY_EXCHANGE", default_value = mail::RETRY_EXCHANGE)]
     pub retry_exchange: String,
+    /// The routing key of each delay tier on the retry exchange, in tier order, separated
+    /// by commas (the pipeline's `retryDelays`: `mail.send,mail.send.retry.2,…`); a request
+    /// whose attempt n failed for now parks in tier min(n, tiers). Without it, one tier
+    /// routed by the send key.
+    #[arg(long, env = "MAIL_RETRY_KEYS", value_delimiter = ',')]
+    pub retry_keys: Option<Vec<String>>,
     /// The exchange requests that never will succeed are published to.
     #[arg(long, env = "MAIL_DEAD_EXCHANGE", default_value = mail::DEAD_EXCHANGE)]
     pub dead_exchange: String,
@@ -100,6 +106,7 @@ impl WorkerArgs {
             crate::provider::from_url_with(&self.provider_url, self.provider_ca_file.as_deref())?,
             t.rate_limit,
         );
+        let retry_keys = retry_keys(&t.send_key, t.retry_keys)?;
         Ok(Worker {
             amqp_url: self.amqp_url,
             user,
@@ -109,6 +116,7 @@ impl WorkerArgs {
             prefetch: t.prefetch,
             queue: t.queue,
             retry_exchange: t.retry_exchange,
+            retry_keys,
             dead_exchange: t.dead_exchange,
             send_key: t.send_key,
             timeouts: Timeouts {

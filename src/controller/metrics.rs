@@ -44,6 +44,14 @@ pub struct QueueLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TierLabels {
+    pub namespace: String,
+    pub pipeline: String,
+    /// The delay tier, `1` to `10`.
+    pub tier: u32,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PipelineLabels {
     pub namespace: String,
     pub pipeline: String,
@@ -65,6 +73,7 @@ pub struct Metrics {
     reconciles: Family<ReconcileLabels, Counter>,
     reconcile_duration: Family<ReconcileLabels, Histogram, DurationHistogram>,
     queue_messages: Family<QueueLabels, Gauge>,
+    retry_tier_messages: Family<TierLabels, Gauge>,
     drift_repairs: Family<PipelineLabels, Counter>,
     rabbitmq_writes: Family<PipelineLabels, Counter>,
     pipeline_ready: Family<PipelineLabels, Gauge>,
@@ -85,6 +94,7 @@ impl Metrics {
             reconciles: Family::default(),
             reconcile_duration: Family::new_with_constructor(DurationHistogram),
             queue_messages: Family::default(),
+            retry_tier_messages: Family::default(),
             drift_repairs: Family::default(),
             rabbitmq_writes: Family::default(),
             pipeline_ready: Family::default(),
@@ -106,6 +116,11 @@ impl Metrics {
             "queue_messages",
             "Messages in each queue of each pipeline, as RabbitMQ's management API last counted them",
             metrics.queue_messages.clone(),
+        );
+        registry.register(
+            "retry_tier_messages",
+            "Requests waiting in each delay tier's queue of each pipeline with delay tiers (retryDelays), or of a former tier while it drains; queue=\"retry\" of queue_messages is their sum",
+            metrics.retry_tier_messages.clone(),
         );
         registry.register(
             "drift_repairs",
@@ -162,6 +177,28 @@ impl Metrics {
             .set(depth);
     }
 
+    /// Sets the depth of each tier in `tiers` (tier, messages) and drops the series of
+    /// the tiers not in it.
+    pub fn set_retry_tiers(&self, namespace: &str, pipeline: &str, tiers: &[(u32, i64)]) {
+        let labels = |tier: u32| TierLabels {
+            namespace: namespace.to_string(),
+            pipeline: pipeline.to_string(),
+            tier,
+        };
+        for tier in 1..=crate::mail::MAX_RETRY_TIERS as u32 {
+            match tiers.iter().find(|(t, _)| *t == tier) {
+                Some((_, depth)) => {
+                    self.retry_tier_messages
+                        .get_or_create(&labels(tier))
+                        .set(*depth);
+                }
+                None => {
+                    self.retry_tier_messages.remove(&labels(tier));
+                }
+            }
+        }
+    }
+
     pub fn drift_repaired(&self, namespace: &str, pipeline: &str) {
         self.drift_repairs
             .get_or_create(&PipelineLabels {
@@ -198,6 +235,7 @@ impl Metrics {
                 queue: queue.as_str(),
             });
         }
+        self.set_retry_tiers(namespace, pipeline, &[]);
         let labels = PipelineLabels {
             namespace: namespace.to_string(),
             pipeline: pipeline.to_string(),

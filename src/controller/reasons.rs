@@ -59,6 +59,8 @@ pub mod event {
     pub const TOPOLOGY_REPAIRED: &str = "TopologyRepaired";
     pub const DEAD_LETTERS_GREW: &str = "DeadLettersGrew";
     pub const CLEANED_UP: &str = "CleanedUp";
+    /// The queue of a delay tier the spec no longer has was removed, now that it is empty.
+    pub const RETRY_TIER_REMOVED: &str = "RetryTierRemoved";
     pub const CLEANUP_INCOMPLETE: &str = "CleanupIncomplete";
     /// The workers' users of a pipeline its RabbitmqCluster no longer allows were removed.
     pub const ACCESS_REVOKED: &str = "AccessRevoked";

@@ -43,18 +43,48 @@ pub struct MailerPipelineStatus {
 
 /// Messages (ready and unacknowledged) in each queue of the pipeline; a queue is absent
 /// when it could not be counted.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default, JsonSchema)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueDepths {
     /// Mail requests waiting to be sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub send: Option<i64>,
-    /// Requests that failed for now, waiting for their next attempt.
+    /// Requests that failed for now, waiting for their next attempt: in all the delay
+    /// tiers' queues together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<i64>,
+    /// With delay tiers (`retryDelays`), or while a former tier's queue drains: the
+    /// requests waiting in each tier's queue, in tier order, then the former tiers'.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retry_tiers: Vec<RetryTierDepth>,
+    /// `retryTiers` in one line, for `kubectl get -o wide`: each tier's count in tier
+    /// order, e.g. `3/0/1/2` (`?` for one not counted), then `+5 draining` for what the
+    /// former tiers' queues hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_by_tier: Option<String>,
     /// Dead letters: requests that never will succeed, kept for people to inspect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead: Option<i64>,
+}
+
+/// The requests waiting in one delay tier's queue.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryTierDepth {
+    /// The tier, from 1.
+    pub tier: u32,
+    /// The tier's delay queue, e.g. `mail.send.retry.2`.
+    pub queue: String,
+    /// The tier's delay, e.g. `5m`; absent for a former tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay: Option<String>,
+    /// Requests waiting there; absent when they could not be counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<i64>,
+    /// A tier the spec no longer has: its queue is kept, still returning what it holds to
+    /// the send queue, until it is empty, and then removed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
 }
 
 /// Worker pods ready and asked for.

@@ -24,7 +24,11 @@ fn a_spec_that_names_only_its_vhost_gets_the_designs_defaults() {
     assert_eq!(s.topology.retry_queue, "mail.send.retry");
     assert_eq!(s.topology.dead_exchange, "mail.dead");
     assert_eq!(s.topology.dead_queue, "mail.send.dead");
-    assert_eq!(s.topology.retry_delay().unwrap(), Duration::from_secs(300));
+    assert_eq!(
+        s.topology.retry_delays().unwrap(),
+        [Duration::from_secs(300)]
+    );
+    assert_eq!(s.topology.retry_tier_queues(), ["mail.send.retry"]);
     assert_eq!(s.topology.delivery_limit, 5);
     assert_eq!(s.topology.deletion_policy, DeletionPolicy::Retain);
     assert_eq!(s.worker.max_attempts, 5);
@@ -64,6 +68,78 @@ fn bad_retry_delays_are_named() {
             found[0].starts_with("spec.topology.retryDelay: "),
             "{found:?}"
         );
+    }
+}
+
+#[test]
+fn delay_tiers_parse_in_order_with_their_queues() {
+    let s = spec("topology: {retryDelays: [30s, 5m, 30m, 2h]}");
+    assert_eq!(
+        s.topology.retry_delays().unwrap(),
+        [30, 300, 1800, 7200].map(Duration::from_secs)
+    );
+    assert_eq!(
+        s.topology.retry_tier_queues(),
+        [
+            "mail.send.retry",
+            "mail.send.retry.2",
+            "mail.send.retry.3",
+            "mail.send.retry.4"
+        ]
+    );
+    assert!(s.validate().is_ok());
+    let one = spec("topology: {retryDelays: [1m]}");
+    assert_eq!(one.topology.retry_tier_queues(), ["mail.send.retry"]);
+}
+
+#[test]
+fn bad_delay_tiers_are_named() {
+    for (yaml, field, says) in [
+        (
+            "{retryDelay: 5m, retryDelays: [1m, 2m]}",
+            "spec.topology.retryDelays",
+            "not both",
+        ),
+        (
+            "{retryDelays: []}",
+            "spec.topology.retryDelays",
+            "has 0 delays",
+        ),
+        (
+            "{retryDelays: [1s, 2s, 3s, 4s, 5s, 6s, 7s, 8s, 9s, 10s, 11s]}",
+            "spec.topology.retryDelays",
+            "has 11 delays",
+        ),
+        (
+            "{retryDelays: [1m, 1m]}",
+            "spec.topology.retryDelays[1]",
+            "strictly increasing",
+        ),
+        (
+            "{retryDelays: [5m, 30s]}",
+            "spec.topology.retryDelays[1]",
+            "strictly increasing",
+        ),
+        (
+            "{retryDelays: [1m, banana]}",
+            "spec.topology.retryDelays[1]",
+            "not a duration",
+        ),
+        (
+            "{retryDelays: [1m, 2m], deadQueue: mail.send.retry.2}",
+            "spec.topology.retryDelays",
+            "mail.send.retry.2",
+        ),
+        (
+            "{retryDelays: [1m, 2m], retryQueue: \"a,b\"}",
+            "spec.topology.retryQueue",
+            "has a comma",
+        ),
+    ] {
+        let found = problems(&format!("topology: {yaml}"));
+        assert_eq!(found.len(), 1, "{yaml}: {found:?}");
+        assert!(found[0].starts_with(&format!("{field}: ")), "{found:?}");
+        assert!(found[0].contains(says), "{found:?}");
     }
 }
 

@@ -4,6 +4,8 @@
 //! (delay, delivery limit, dead-lettering, length limits) lives in policies, because a
 //! queue's arguments can never change once it is declared.
 
+use std::time::Duration;
+
 use serde_json::{Map, Value, json};
 
 use super::broker::BrokerCapabilities;
@@ -60,7 +62,36 @@ pub struct Policy {
     pub definition: Map<String, Value>,
 }
 
-/// Everything a pipeline needs in one virtual host.
+/// One delay tier: its queue, the routing key it is bound by from the retry exchange, and
+/// how long a request parked there waits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryTier {
+    /// 1-based.
+    pub tier: usize,
+    pub queue: String,
+    pub routing_key: String,
+    pub delay: Duration,
+}
+
+/// The delay tiers of `t`, in order (one for a spec with `retryDelay` or neither); their
+/// names are [`TopologySpec::retry_tier_queues`] and [`TopologySpec::retry_tier_keys`].
+pub fn retry_tiers(t: &TopologySpec) -> Result<Vec<RetryTier>, InvalidSpec> {
+    let delays = t.retry_delays().map_err(|e| InvalidSpec(vec![e]))?;
+    Ok(delays
+        .into_iter()
+        .zip(t.retry_tier_queues().into_iter().zip(t.retry_tier_keys()))
+        .enumerate()
+        .map(|(i, (delay, (queue, routing_key)))| RetryTier {
+            tier: i + 1,
+            queue,
+            routing_key,
+            delay,
+        })
+        .collect())
+}
+
+/// Everything a pipeline needs in one virtual host. Queues, bindings and policies come in
+/// the order send, retry (tier 1), dead, then the further delay tiers' in tier order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Topology {
     pub vhost: String,
@@ -81,15 +112,7 @@ impl Topology {
         t: &TopologySpec,
         broker: BrokerCapabilities,
     ) -> Result<Self, InvalidSpec> {
-        let ttl_ms = t
-            .retry_delay()
-            .map_err(|problem| {
-                InvalidSpec(vec![crate::spec::FieldError {
-                    field: "spec.topology.retryDelay".into(),
-                    problem,
-                }])
-            })?
-            .as_millis() as u64;
+        let tiers = retry_tiers(t)?;
 
         let exchanges = vec![
             Exchange {
@@ -105,13 +128,16 @@ impl Topology {
                 kind: ExchangeKind::Fanout,
             },
         ];
+        let further = &tiers[1..];
         let queues = [&t.queue, &t.retry_queue, &t.dead_queue]
             .into_iter()
+            .chain(further.iter().map(|tier| &tier.queue))
             .map(|name| Queue { name: name.clone() })
             .collect();
         // The send queue's name is the routing key of every request, so a request parked
-        // through the retry exchange comes back to it under the same key.
-        let bindings = vec![
+        // through the retry exchange comes back to it under the same key. The further
+        // tiers are bound by their own keys; each dead-letters with the send key.
+        let mut bindings = vec![
             Binding {
                 exchange: t.exchange.clone(),
                 queue: t.queue.clone(),
@@ -128,28 +154,37 @@ impl Topology {
                 routing_key: String::new(),
             },
         ];
+        bindings.extend(further.iter().map(|tier| Binding {
+            exchange: t.retry_exchange.clone(),
+            queue: tier.queue.clone(),
+            routing_key: tier.routing_key.clone(),
+        }));
 
-        let mut retry = json!({
-            "message-ttl": ttl_ms,
-            "dead-letter-exchange": t.exchange,
-            "dead-letter-routing-key": t.queue,
-            "dead-letter-strategy": "at-least-once",
-            "overflow": "reject-publish",
-        });
-        if let Some(max) = t.retry_queue_max_length {
-            retry["max-length"] = json!(max);
-        }
+        let retry = |tier: &RetryTier| {
+            let mut retry = json!({
+                "message-ttl": tier.delay.as_millis() as u64,
+                "dead-letter-exchange": t.exchange,
+                "dead-letter-routing-key": t.queue,
+                "dead-letter-strategy": "at-least-once",
+                "overflow": "reject-publish",
+            });
+            if let Some(max) = t.retry_queue_max_length {
+                retry["max-length"] = json!(max);
+            }
+            policy_for(&tier.queue, retry)
+        };
         let send = json!({
             "delivery-limit": t.delivery_limit,
             "dead-letter-exchange": t.dead_exchange,
             "dead-letter-strategy": "at-least-once",
             "overflow": "reject-publish",
         });
-        let policies = vec![
+        let mut policies = vec![
             policy_for(&t.queue, send),
-            policy_for(&t.retry_queue, retry),
+            retry(&tiers[0]),
             policy_for(&t.dead_queue, dead_queue_policy(t, broker)),
         ];
+        policies.extend(further.iter().map(retry));
 
         Ok(Self {
             vhost: vhost.to_string(),
@@ -359,9 +394,98 @@ mod tests {
     }
 
     #[test]
+    fn each_delay_tier_has_its_queue_binding_and_ttl() {
+        let t = topology("topology: {retryDelays: [1s, 2s, 3s, 4s], retryQueueMaxLength: 9}");
+        let queues: Vec<_> = t.queues.iter().map(|q| q.name.as_str()).collect();
+        assert_eq!(
+            queues,
+            [
+                "mail.send",
+                "mail.send.retry",
+                "mail.send.dead",
+                "mail.send.retry.2",
+                "mail.send.retry.3",
+                "mail.send.retry.4"
+            ]
+        );
+        let from_retry: Vec<_> = t
+            .bindings
+            .iter()
+            .filter(|b| b.exchange == "mail.retry")
+            .map(|b| (b.queue.as_str(), b.routing_key.as_str()))
+            .collect();
+        assert_eq!(
+            from_retry,
+            [
+                ("mail.send.retry", "mail.send"),
+                ("mail.send.retry.2", "mail.send.retry.2"),
+                ("mail.send.retry.3", "mail.send.retry.3"),
+                ("mail.send.retry.4", "mail.send.retry.4")
+            ]
+        );
+        let retry_policies: Vec<_> = t
+            .policies
+            .iter()
+            .filter(|p| p.name.starts_with("mailer.mail.send.retry"))
+            .map(|p| {
+                (
+                    p.name.as_str(),
+                    p.pattern.as_str(),
+                    Value::Object(p.definition.clone()),
+                )
+            })
+            .collect();
+        let expect = |ttl: u64| {
+            json!({"message-ttl": ttl, "dead-letter-exchange": "mail", "dead-letter-routing-key": "mail.send",
+                   "dead-letter-strategy": "at-least-once", "overflow": "reject-publish", "max-length": 9})
+        };
+        assert_eq!(
+            retry_policies,
+            [
+                (
+                    "mailer.mail.send.retry",
+                    r"^mail\.send\.retry$",
+                    expect(1000)
+                ),
+                (
+                    "mailer.mail.send.retry.2",
+                    r"^mail\.send\.retry\.2$",
+                    expect(2000)
+                ),
+                (
+                    "mailer.mail.send.retry.3",
+                    r"^mail\.send\.retry\.3$",
+                    expect(3000)
+                ),
+                (
+                    "mailer.mail.send.retry.4",
+                    r"^mail\.send\.retry\.4$",
+                    expect(4000)
+                )
+            ]
+        );
+    }
+
+    #[test]
+    fn one_tier_is_the_one_delay() {
+        let one = topology("topology: {retryDelays: [5m]}");
+        assert_eq!(one, topology("topology: {retryDelay: 5m}"));
+        assert_eq!(one, topology("{}"));
+    }
+
+    #[test]
     fn an_invalid_spec_gives_no_topology() {
-        let spec = spec("topology: {retryDelay: banana}").topology;
-        assert!(Topology::desired("/", &spec, BrokerCapabilities::RABBITMQ_4).is_err());
+        for yaml in [
+            "topology: {retryDelay: banana}",
+            "topology: {retryDelays: [2m, 1m]}",
+            "topology: {retryDelay: 1m, retryDelays: [2m]}",
+        ] {
+            let spec = spec(yaml).topology;
+            assert!(
+                Topology::desired("/", &spec, BrokerCapabilities::RABBITMQ_4).is_err(),
+                "{yaml}"
+            );
+        }
     }
 
     #[test]

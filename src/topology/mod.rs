@@ -3,7 +3,8 @@
 //! ([`management::observe`]), the comparison of the two ([`diff`]), and applying ([`apply`]) or
 //! deleting ([`delete`]) through the management API, one pipeline or a pass over many;
 //! a first apply of many may declare exchanges, queues and bindings over AMQP instead
-//! ([`declare`]). What a pipeline owns there is in [`ownership`].
+//! ([`declare`]). What a pipeline owns there is in [`ownership`]. The standalone
+//! commands remove the delay queues of tiers a spec no longer has by name ([`tiers`]).
 
 pub mod apply;
 pub mod broker;
@@ -18,6 +19,7 @@ pub mod import;
 pub mod live;
 pub mod management;
 pub mod ownership;
+pub mod tiers;
 pub mod users;
 pub mod version;
 

@@ -171,13 +171,29 @@ pub fn topology_claims(vhost: &str, spec: &TopologySpec) -> Vec<Claim> {
             vhost: vhost.to_string(),
             name: name.clone(),
         });
+    let further_tiers = spec.retry_tier_queues().into_iter().skip(1);
     let queues = [&spec.queue, &spec.retry_queue, &spec.dead_queue]
         .into_iter()
+        .cloned()
+        .chain(further_tiers)
         .map(|name| Claim::Queue {
             vhost: vhost.to_string(),
-            name: name.clone(),
+            name,
         });
     exchanges.chain(queues).collect()
+}
+
+/// Whether `claim` is the delay queue of a tier `spec` no longer has, in `vhost`, the
+/// pipeline's: `spec.retryQueue.n` for a tier n beyond its tiers. Such a queue drains by
+/// itself (its policy returns each parked request to the send queue when its delay is
+/// up), so it is kept, still held, while it holds mail, and removed once it is empty.
+pub fn is_former_tier(vhost: &str, spec: &TopologySpec, claim: &Claim) -> bool {
+    let Claim::Queue { vhost: of, name } = claim else {
+        return false;
+    };
+    of == vhost
+        && crate::mail::retry_tier_number(&spec.retry_queue, name)
+            .is_some_and(|tier| tier > spec.retry_tier_count())
 }
 
 /// The one marker of a whole topology that the operator's 0.1 releases wrote, named by
@@ -319,6 +335,7 @@ mod tests {
         let spec = TopologySpec {
             queue: "orders.send".into(),
             dead_exchange: "orders.dead".into(),
+            retry_delays: Some(vec!["1m".into(), "1h".into(), "1d".into()]),
             ..TopologySpec::default()
         };
         let topology =
@@ -340,7 +357,27 @@ mod tests {
         declared.sort();
         claimed.sort();
         assert_eq!(claimed, declared);
-        assert_eq!(claimed.len(), 6);
+        assert_eq!(claimed.len(), 8, "three delay tiers, three delay queues");
+        // Tier 3's queue is one a spec of two tiers no longer has, in its vhost only.
+        let tier3 = |vhost: &str| Claim::Queue {
+            vhost: vhost.into(),
+            name: "mail.send.retry.3".into(),
+        };
+        let two = TopologySpec {
+            retry_delays: Some(vec!["1m".into(), "1h".into()]),
+            ..spec.clone()
+        };
+        assert!(is_former_tier("shop", &two, &tier3("shop")));
+        assert!(!is_former_tier("other", &two, &tier3("shop")));
+        assert!(
+            !is_former_tier("shop", &spec, &tier3("shop")),
+            "still a tier"
+        );
+        let dead = Claim::Queue {
+            vhost: "shop".into(),
+            name: "mail.send.dead".into(),
+        };
+        assert!(!is_former_tier("shop", &two, &dead));
     }
 
     #[test]

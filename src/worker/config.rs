@@ -69,6 +69,29 @@ pub enum ConfigError {
     AmqpUrl(String),
     #[error("MAIL_PROVIDER_URL: {0}")]
     ProviderUrl(#[from] crate::provider::ProviderUrlError),
+    #[error("MAIL_RETRY_KEYS: {0}")]
+    RetryKeys(String),
+}
+
+/// The routing key of each delay tier, in tier order: `given` (`MAIL_RETRY_KEYS`), or the
+/// one tier of a pipeline without tiers, routed by `send_key`.
+pub fn retry_keys(send_key: &str, given: Option<Vec<String>>) -> Result<Vec<String>, ConfigError> {
+    let Some(keys) = given else {
+        return Ok(vec![send_key.to_string()]);
+    };
+    if keys.is_empty() || keys.len() > crate::mail::MAX_RETRY_TIERS {
+        return Err(ConfigError::RetryKeys(format!(
+            "{} routing keys; give one per delay tier, 1 to {}",
+            keys.len(),
+            crate::mail::MAX_RETRY_TIERS
+        )));
+    }
+    if keys.iter().any(String::is_empty) {
+        return Err(ConfigError::RetryKeys(
+            "an empty routing key; give one per delay tier, separated by commas".into(),
+        ));
+    }
+    Ok(keys)
 }
 
 /// The broker user of an AMQP URL (`guest` when it names none), or which value is wrong.
@@ -101,6 +124,17 @@ mod tests {
             Duration::from_secs(60 + 2 * 30 + 25 + 10),
             "the publish of a 25 MiB request may take 25s more"
         );
+    }
+
+    #[test]
+    fn retry_keys_default_to_the_one_tier_of_the_send_key() {
+        assert_eq!(retry_keys("shop.send", None).unwrap(), ["shop.send"]);
+        let four: Vec<String> = ["a", "b", "c", "d"].map(String::from).to_vec();
+        assert_eq!(retry_keys("x", Some(four.clone())).unwrap(), four);
+        for bad in [vec![], vec![String::new()], vec!["k".to_string(); 11]] {
+            let e = retry_keys("x", Some(bad)).unwrap_err().to_string();
+            assert!(e.starts_with("MAIL_RETRY_KEYS: "), "{e}");
+        }
     }
 
     #[test]

@@ -66,6 +66,10 @@ pub struct Worker {
     pub prefetch: u16,
     pub queue: String,
     pub retry_exchange: String,
+    /// The routing key of each delay tier on `retry_exchange`, in tier order; a request
+    /// whose attempt n failed for now parks in tier min(n, tiers). Empty: one tier, routed
+    /// by `send_key`.
+    pub retry_keys: Vec<String>,
     pub dead_exchange: String,
     pub send_key: String,
     pub timeouts: Timeouts,
@@ -216,6 +220,7 @@ impl Worker {
                 publish,
                 &self.user,
                 &self.send_key,
+                &self.retry_keys,
                 &self.retry_exchange,
                 &self.dead_exchange,
                 self.timeouts.publish,

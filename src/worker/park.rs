@@ -11,7 +11,7 @@ use lapin::{BasicProperties, Channel};
 use crate::amqp::{PipelinedPublisher, PublishError, republished};
 use crate::mail::{
     ATTEMPT_HEADER, DEAD_AT_HEADER, DEAD_ATTEMPTS_HEADER, DEAD_ERROR_HEADER, DEAD_REASON_HEADER,
-    DeadReason, MAX_DEAD_ERROR_CHARS,
+    DeadReason, MAX_DEAD_ERROR_CHARS, retry_tier_of,
 };
 use crate::text::truncate;
 
@@ -22,6 +22,8 @@ pub struct Publisher {
     /// The worker's own broker user; RabbitMQ refuses a publish whose user-id is another.
     user_id: String,
     routing_key: String,
+    /// The routing key of each delay tier, in tier order; never empty.
+    retry_keys: Vec<String>,
     retry_exchange: String,
     dead_exchange: String,
     timeout: Duration,
@@ -29,11 +31,14 @@ pub struct Publisher {
 
 impl Publisher {
     /// `channels` must be in confirm mode, and not empty: the first takes the publishes,
-    /// the others one only while the same request is in flight on the first.
+    /// the others one only while the same request is in flight on the first. `retry_keys`
+    /// are the delay tiers' routing keys in tier order (none is taken as one tier routed by
+    /// `routing_key`).
     pub fn new(
         channels: Vec<Channel>,
         user_id: &str,
         routing_key: &str,
+        retry_keys: &[String],
         retry_exchange: &str,
         dead_exchange: &str,
         timeout: Duration,
@@ -42,13 +47,18 @@ impl Publisher {
             publisher: PipelinedPublisher::new(channels),
             user_id: user_id.to_string(),
             routing_key: routing_key.to_string(),
+            retry_keys: match retry_keys {
+                [] => vec![routing_key.to_string()],
+                keys => keys.to_vec(),
+            },
             retry_exchange: retry_exchange.to_string(),
             dead_exchange: dead_exchange.to_string(),
             timeout,
         }
     }
 
-    /// Puts the request in the delay queue with its next attempt counted.
+    /// Puts the request in the delay queue of its tier with its next attempt counted: the
+    /// attempt that failed, `next_attempt - 1`, picks the tier ([`retry_tier_of`]).
     pub async fn park(
         &self,
         original: &BasicProperties,
@@ -56,12 +66,22 @@ impl Publisher {
         next_attempt: u32,
     ) -> Result<(), PublishError> {
         let ours = [(ATTEMPT_HEADER, AMQPValue::LongLongInt(next_attempt.into()))];
-        self.publish(
-            &self.retry_exchange,
-            republished(original, &ours, &self.user_id),
-            body,
-        )
-        .await
+        let key = self.retry_key(next_attempt.saturating_sub(1));
+        self.publisher
+            .publish(
+                &self.retry_exchange,
+                key,
+                republished(original, &ours, &self.user_id),
+                body,
+                self.timeout,
+            )
+            .await
+    }
+
+    /// The routing key of the tier a request whose attempt `failed_attempt` failed parks in.
+    fn retry_key(&self, failed_attempt: u32) -> &str {
+        let tier = retry_tier_of(failed_attempt, self.retry_keys.len());
+        &self.retry_keys[tier - 1]
     }
 
     /// Publishes the request to the dead-letter exchange with why, and no attempt header.
@@ -89,22 +109,14 @@ impl Publisher {
             ),
             (DEAD_AT_HEADER, AMQPValue::Timestamp(unix_now())),
         ];
-        self.publish(
-            &self.dead_exchange,
-            republished(original, &ours, &self.user_id),
-            body,
-        )
-        .await
-    }
-
-    async fn publish(
-        &self,
-        exchange: &str,
-        properties: BasicProperties,
-        body: &[u8],
-    ) -> Result<(), PublishError> {
         self.publisher
-            .publish(exchange, &self.routing_key, properties, body, self.timeout)
+            .publish(
+                &self.dead_exchange,
+                &self.routing_key,
+                republished(original, &ours, &self.user_id),
+                body,
+                self.timeout,
+            )
             .await
     }
 }

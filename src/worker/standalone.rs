@@ -44,6 +44,10 @@ pub async fn prepare(
     );
     let amqp_url = with_vhost(amqp_url, &desired.vhost).map_err(anyhow::Error::msg)?;
     let t = &spec.topology;
+    let former = topology::tiers::remove_former_tiers(&management, &desired.vhost, t, &amqp_url);
+    for line in topology::tiers::describe(&former.await?) {
+        println!("{line}");
+    }
     Ok(Worker {
         user: amqp_user(&amqp_url)?,
         amqp_url,
@@ -61,6 +65,7 @@ pub async fn prepare(
         prefetch: spec.worker.prefetch,
         queue: t.queue.clone(),
         retry_exchange: t.retry_exchange.clone(),
+        retry_keys: t.retry_tier_keys(),
         dead_exchange: t.dead_exchange.clone(),
         send_key: t.queue.clone(),
         timeouts: Timeouts::default(),

@@ -200,17 +200,40 @@ impl Drop for TestVhost {
 /// A fresh vhost with the default topology applied, a retry delay of 1s, and `topology`
 /// (YAML flow mappings, e.g. `retryQueueMaxLength: 2`) on top.
 pub async fn pipeline(test: &str, topology: &str) -> TestVhost {
-    let vhost = TestVhost::fresh(test);
     let extra = if topology.is_empty() {
         String::new()
     } else {
         format!(", {topology}")
     };
+    pipeline_of(test, &format!("retryDelay: 1s{extra}")).await.0
+}
+
+/// A fresh vhost with the topology of `topology` (the inside of a YAML flow mapping, e.g.
+/// `retryDelays: [1s, 2s]`) applied, and the pipeline's spec.
+pub async fn pipeline_of(
+    test: &str,
+    topology: &str,
+) -> (TestVhost, mailer::spec::MailerPipelineSpec) {
+    let vhost = TestVhost::fresh(test);
+    let spec = spec_in(&vhost, topology);
+    apply_topology(&spec).await;
+    (vhost, spec)
+}
+
+/// The spec of a pipeline in `vhost` with `topology` (as [`pipeline_of`]'s).
+pub fn spec_in(vhost: &TestVhost, topology: &str) -> mailer::spec::MailerPipelineSpec {
     let spec: mailer::spec::MailerPipelineSpec = serde_yaml::from_str(&format!(
-        "rabbitmq: {{vhost: {}}}\ntopology: {{retryDelay: 1s{extra}}}",
+        "rabbitmq: {{vhost: {}}}\ntopology: {{{topology}}}",
         vhost.name
     ))
     .expect("a valid pipeline");
+    spec.validate().expect("a valid pipeline");
+    spec
+}
+
+/// Applies `spec`'s topology, as `mailer topology apply` does before it removes former
+/// tiers.
+pub async fn apply_topology(spec: &mailer::spec::MailerPipelineSpec) {
     let capabilities = TestBroker::get().capabilities();
     mailer::topology::apply(
         &management(),
@@ -219,7 +242,6 @@ pub async fn pipeline(test: &str, topology: &str) -> TestVhost {
     )
     .await
     .expect("topology");
-    vhost
 }
 
 pub fn management() -> Management {

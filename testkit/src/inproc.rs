@@ -20,6 +20,17 @@ pub struct InProcess {
 
 impl InProcess {
     pub fn start(amqp_url: &str, provider: Arc<dyn Provider>, prefetch: u16) -> Self {
+        Self::start_tiered(amqp_url, provider, prefetch, Vec::new())
+    }
+
+    /// [`start`](Self::start) for a pipeline of delay tiers routed by `retry_keys`
+    /// (`TopologySpec::retry_tier_keys`; empty for one tier).
+    pub fn start_tiered(
+        amqp_url: &str,
+        provider: Arc<dyn Provider>,
+        prefetch: u16,
+        retry_keys: Vec<String>,
+    ) -> Self {
         let mut registry = Registry::default();
         let metrics = Arc::new(WorkerMetrics::register(&mut registry));
         let health = Health::new(Duration::from_secs(60));
@@ -32,6 +43,7 @@ impl InProcess {
             prefetch,
             queue: "mail.send".into(),
             retry_exchange: "mail.retry".into(),
+            retry_keys,
             dead_exchange: "mail.dead".into(),
             send_key: "mail.send".into(),
             timeouts: Timeouts::default(),

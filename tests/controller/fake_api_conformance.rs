@@ -606,7 +606,7 @@ async fn tables_field_selectors_core_events_and_string_data_as_kube_apiserver_an
     );
     let mut shop = pipeline("shop");
     shop["status"] = json!({"conditions": [{"type": "Ready", "status": "True"}],
-                            "queues": {"send": 3, "retry": 0, "dead": 1}, "workers": {"ready": 2}});
+                            "queues": {"send": 3, "retry": 5, "retryByTier": "1/4", "dead": 1}, "workers": {"ready": 2}});
     let pipelines = format!("/apis/mailer.dev/v1alpha1/namespaces/{NS}/mailerpipelines");
     fake.put(&format!("{pipelines}/shop"), shop);
     fake.put(&format!("{pipelines}/other"), pipeline("other"));
@@ -624,16 +624,19 @@ async fn tables_field_selectors_core_events_and_string_data_as_kube_apiserver_an
         .collect();
     assert_eq!(
         names,
-        ["Name", "Ready", "Send", "Retry", "Dead", "Workers", "Age"]
+        [
+            "Name", "Ready", "Send", "Retry", "Tiers", "Dead", "Workers", "Age"
+        ]
     );
     let cells = &answer["rows"][1]["cells"];
     assert_eq!(
-        cells.as_array().unwrap()[..6],
+        cells.as_array().unwrap()[..7],
         [
             json!("shop"),
             json!("True"),
             json!(3),
-            json!(0),
+            json!(5),
+            json!("1/4"),
             json!(1),
             json!(2)
         ]

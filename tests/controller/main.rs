@@ -31,6 +31,7 @@ mod running;
 mod scale;
 mod status;
 mod tenancy;
+mod tiers;
 mod worker_pod;
 
 use std::time::Duration;
@@ -159,6 +160,33 @@ fn cel_rules_want_distinct_unreserved_names() {
         "{errors:?}"
     );
     assert!(cel_errors(with(json!({"exchange": "shop", "queue": "shop.out"}))).is_empty());
+}
+
+#[test]
+fn cel_rules_want_one_delay_or_delay_tiers_not_both() {
+    let with = |topology: Value| {
+        PipelineSpec::new()
+            .connection_secret("c")
+            .topology(topology)
+            .build()
+    };
+    assert!(cel_errors(with(json!({"retryDelay": "5m"}))).is_empty());
+    assert!(cel_errors(with(json!({"retryDelays": ["30s", "5m", "30m", "2h"]}))).is_empty());
+    let errors = cel_errors(with(json!({"retryDelay": "5m", "retryDelays": ["1m"]})));
+    assert!(
+        errors.iter().any(
+            |e| e.contains("set retryDelay (one delay) or retryDelays (delay tiers), not both")
+        ),
+        "{errors:?}"
+    );
+    // The schema bounds the tiers (the API server checks it; CEL rules do not).
+    let tiers =
+        &crd_schema()["properties"]["spec"]["properties"]["topology"]["properties"]["retryDelays"];
+    assert_eq!(
+        (&tiers["minItems"], &tiers["maxItems"]),
+        (&json!(1), &json!(10)),
+        "{tiers}"
+    );
 }
 
 #[test]

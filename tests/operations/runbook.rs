@@ -66,6 +66,7 @@ fn the_runbook_names_every_event_metric_and_dead_letter_reason() {
         reasons::event::TOPOLOGY_REPAIRED,
         reasons::event::DEAD_LETTERS_GREW,
         reasons::event::CLEANED_UP,
+        reasons::event::RETRY_TIER_REMOVED,
         reasons::event::CLEANUP_INCOMPLETE,
         reasons::event::ACCESS_REVOKED,
         reasons::POLICY_SHADOWED,

@@ -1,8 +1,10 @@
 //! The topology reconciler against the real RabbitMQ: what apply creates, that a second
 //! apply writes nothing, drift, conflicts, deletion, and that the policies really work;
-//! and (`topology/scale.rs`) what a pass over many pipelines costs the management API.
+//! and (`topology/scale.rs`) what a pass over many pipelines costs the management API;
+//! (`topology/tiers.rs`) a live change of the delay tiers.
 
 mod scale;
+mod tiers;
 
 use std::process::Command;
 use std::time::Duration;

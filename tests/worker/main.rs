@@ -2,12 +2,13 @@
 //! server (aiosmtpd), one vhost per test. Every row of the outcome table, header
 //! carry-over, the unroutable park, SIGTERM and SIGKILL mid-stream; many parks in flight on
 //! one channel, some unroutable; the request size limit; an HTTP API's stand-in and the
-//! send rate.
+//! send rate; delay tiers.
 
 pub mod api;
 pub mod identity;
 pub mod pipelined;
 pub mod size;
+pub mod tiers;
 
 use std::collections::BTreeSet;
 use std::process::{Child, Command};

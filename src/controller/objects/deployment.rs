@@ -110,6 +110,13 @@ pub fn desired_deployment(
         ),
         plain_env("MAIL_LOG_FORMAT", "json".to_string()),
     ]);
+    // Only with tiers, so a pipeline of one delay rolls no worker when tiers came.
+    if topology.retry_tier_count() > 1 {
+        env.push(plain_env(
+            "MAIL_RETRY_KEYS",
+            topology.retry_tier_keys().join(","),
+        ));
+    }
     // Only when set, so a pipeline without it rolls no worker when this field came.
     if let Some(size) = &worker.max_request_size {
         env.push(plain_env("MAIL_MAX_REQUEST_BYTES", size.0.clone()));

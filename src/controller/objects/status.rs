@@ -163,7 +163,10 @@ pub fn desired_status(
         ],
         // Depths that could not be read this time are shown as last read rather than
         // dropped, so the printer columns do not flicker during a broker outage.
-        queues: findings.queues.or_else(|| previous.and_then(|p| p.queues)),
+        queues: findings
+            .queues
+            .clone()
+            .or_else(|| previous.and_then(|p| p.queues.clone())),
         workers: Some(WorkerCounts {
             ready: ready_workers,
             desired,
@@ -185,8 +188,10 @@ pub fn dead_letters_added(
     previous: Option<&MailerPipelineStatus>,
     current: &MailerPipelineStatus,
 ) -> Option<i64> {
-    let before = previous.and_then(|p| p.queues).and_then(|q| q.dead)?;
-    let now = current.queues.and_then(|q| q.dead)?;
+    let before = previous
+        .and_then(|p| p.queues.as_ref())
+        .and_then(|q| q.dead)?;
+    let now = current.queues.as_ref().and_then(|q| q.dead)?;
     (now > before).then_some(now - before)
 }
 
@@ -219,6 +224,8 @@ mod tests {
                 send: Some(4),
                 retry: Some(1),
                 dead: Some(0),
+                retry_tiers: Vec::new(),
+                retry_by_tier: None,
             }),
             worker_user: Some("mailer-worker.prod.shop".into()),
         }
@@ -369,7 +376,7 @@ mod tests {
         let mut more = first.clone();
         more.queues = Some(QueueDepths {
             dead: Some(3),
-            ..first.queues.unwrap()
+            ..first.queues.clone().unwrap()
         });
         assert_eq!(dead_letters_added(Some(&first), &more), Some(3));
         assert_eq!(dead_letters_added(Some(&more), &first), None);

@@ -26,7 +26,7 @@ use crate::controller::reconcile::desired::Desired;
 use crate::controller::reconcile::resolve::{LiveKeda, Resolved};
 use crate::controller::reconcile::retire::retire;
 use crate::controller::reconcile::validate::Validated;
-use crate::topology::ownership::Claim;
+use crate::topology::ownership::{Claim, is_former_tier};
 use crate::topology::{self, Change, UserChange, UserGrant};
 
 /// How long a vhost's definitions, read for one reconcile, serve the others of the same
@@ -48,6 +48,11 @@ pub struct Applied {
     pub deployment: Option<Deployment>,
     /// What was done in, or kept of, the vhost the pipeline left.
     pub left_behind: Vec<String>,
+    /// Delay queues of tiers the spec no longer has, kept while they hold parked
+    /// requests (see [`retire`]).
+    pub draining: Vec<String>,
+    /// Such queues, and their policies, removed now that they are empty.
+    pub drained: Vec<String>,
 }
 
 /// Applies what is desired, and says whether KEDA scales the workers.
@@ -64,6 +69,7 @@ pub async fn apply(
     let vhost = &desired.topology.vhost;
     let mut user_changes = Vec::new();
     let mut left_behind = Vec::new();
+    let mut tiers = FormerTiers::default();
     // Before anything is made in the broker: what cleans it up needs this Secret.
     let connection_secret = valid.broker.broker.connection_secret.as_ref();
     if let Some(meta) = connection_secret {
@@ -137,6 +143,7 @@ pub async fn apply(
     let (autoscaling, reapplied) = apply_autoscaling(client, valid, &resolved.keda).await?;
     reapplied_objects.extend(reapplied);
     if !claimed.retiring.is_empty() {
+        tiers.workers_rolled_out = applied.as_ref().or(live).is_none_or(rolled_out);
         retire_unwanted(
             valid,
             desired,
@@ -144,11 +151,14 @@ pub async fn apply(
             &ctx.settings.cluster_name,
             &mut user_changes,
             &mut left_behind,
+            &mut tiers,
         )
         .await?;
     }
     let applied = Applied {
         left_behind,
+        draining: tiers.draining,
+        drained: tiers.drained,
         topology_changes,
         user_changes,
         reapplied_objects,
@@ -159,7 +169,9 @@ pub async fn apply(
 
 /// Gives up what the pipeline holds and no longer wants (see [`crate::controller::reconcile::retire`]): its
 /// objects in a vhost it left or under names it changed, a workers' user it no longer
-/// uses; and the workers' permissions on a vhost it left.
+/// uses; and the workers' permissions on a vhost it left. The delay queues of tiers it
+/// no longer has go when empty, and only once the workers have rolled out (see
+/// [`FormerTiers`]).
 async fn retire_unwanted(
     valid: &Validated<'_>,
     desired: &Desired,
@@ -167,6 +179,7 @@ async fn retire_unwanted(
     cluster: &str,
     user_changes: &mut Vec<UserChange>,
     left_behind: &mut Vec<String>,
+    tiers: &mut FormerTiers,
 ) -> Result<(), Error> {
     let management = &valid.broker.management;
     let credentials = &valid.user;
@@ -188,14 +201,33 @@ async fn retire_unwanted(
         }
     }
     let me = owner_of(cluster, valid.pipeline);
+    let (former_tiers, others): (BTreeSet<Claim>, BTreeSet<Claim>) = retiring
+        .iter()
+        .cloned()
+        .partition(|claim| is_former_tier(&desired.topology.vhost, &valid.spec.topology, claim));
+    let retiring = if tiers.workers_rolled_out {
+        retiring
+    } else {
+        // Held as they are until the rollout ends: the next reconcile counts them.
+        tiers
+            .draining
+            .extend(former_tiers.iter().filter_map(|claim| match claim {
+                Claim::Queue { name, .. } => Some(name.clone()),
+                _ => None,
+            }));
+        &others
+    };
     let retired = retire(
         management,
         &valid.broker.broker,
         &me,
         retiring,
+        &former_tiers,
         valid.spec.topology.deletion_policy,
     )
     .await?;
+    tiers.draining.extend(retired.draining);
+    tiers.drained.extend(retired.drained);
     user_changes.extend(
         retired
             .users_removed
@@ -256,6 +288,35 @@ async fn apply_autoscaling(
     Ok((Autoscaling::On, reapplied))
 }
 
+/// The delay queues of tiers the spec no longer has, in the apply phase.
+#[derive(Debug, Default)]
+struct FormerTiers {
+    /// Whether every worker runs the current template: until then a worker of the old
+    /// one could park in a former tier between its count and its removal, so none goes.
+    workers_rolled_out: bool,
+    /// Kept: they hold parked requests, or the workers have not rolled out.
+    draining: Vec<String>,
+    /// Removed, with their policies, now that they are empty.
+    drained: Vec<String>,
+}
+
+/// Whether every worker pod runs the Deployment's current template: the Deployment
+/// controller has seen its latest spec, and all its pods are updated ones.
+fn rolled_out(deployment: &Deployment) -> bool {
+    let Some(status) = &deployment.status else {
+        return false;
+    };
+    let wanted = deployment
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.replicas)
+        .unwrap_or(1);
+    let updated = status.updated_replicas.unwrap_or(0);
+    status.observed_generation >= deployment.metadata.generation
+        && updated >= wanted
+        && status.replicas.unwrap_or(0) <= updated
+}
+
 fn pod_annotation<'a>(deployment: &'a Deployment, key: &str) -> Option<&'a String> {
     deployment
         .spec
@@ -266,4 +327,43 @@ fn pod_annotation<'a>(deployment: &'a Deployment, key: &str) -> Option<&'a Strin
         .annotations
         .as_ref()?
         .get(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deployment(
+        generation: i64,
+        observed: i64,
+        replicas: i32,
+        updated: i32,
+        total: i32,
+    ) -> Deployment {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"generation": generation},
+            "spec": {"replicas": replicas, "selector": {}, "template": {}},
+            "status": {"observedGeneration": observed, "updatedReplicas": updated, "replicas": total}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn rolled_out_once_every_pod_is_of_the_latest_template() {
+        assert!(rolled_out(&deployment(3, 3, 2, 2, 2)));
+        assert!(rolled_out(&deployment(3, 3, 0, 0, 0)), "scaled to zero");
+        assert!(
+            !rolled_out(&deployment(3, 2, 2, 2, 2)),
+            "the new spec not yet seen"
+        );
+        assert!(
+            !rolled_out(&deployment(3, 3, 2, 1, 2)),
+            "one pod of the old template"
+        );
+        assert!(
+            !rolled_out(&deployment(3, 3, 2, 2, 3)),
+            "an old pod still terminating"
+        );
+        assert!(!rolled_out(&Deployment::default()), "no status yet");
+    }
 }

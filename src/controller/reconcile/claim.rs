@@ -29,7 +29,9 @@ use crate::controller::error::Error;
 use crate::controller::reconcile::desired::Desired;
 use crate::controller::reconcile::validate::Validated;
 use crate::spec::MailerPipeline;
-use crate::topology::ownership::{Claim, Markers, Owner, legacy_topology_marker, topology_claims};
+use crate::topology::ownership::{
+    Claim, Markers, Owner, is_former_tier, legacy_topology_marker, topology_claims,
+};
 use crate::topology::{Change, Management};
 
 /// How long a claim waits for another claim of the same name to finish.
@@ -69,7 +71,12 @@ pub async fn claim(
         .await?;
     let held = markers.held_by(&me.uid);
     let retiring: BTreeSet<Claim> = held.difference(&desired.claims).cloned().collect();
-    refuse_stranding(management, &retiring).await?;
+    // A former delay tier's queue drains by itself: it is kept until then (see retire).
+    let vhost = &desired.topology.vhost;
+    let stranding = retiring
+        .iter()
+        .filter(|claim| !is_former_tier(vhost, &valid.spec.topology, claim));
+    refuse_stranding(management, stranding).await?;
     let missing: Vec<&Claim> = desired
         .claims
         .iter()
@@ -84,7 +91,6 @@ pub async fn claim(
     check_collisions(valid.pipeline, &known)?;
     // Decided once before anything is written, so a pipeline refused writes nothing;
     // then again under the locks, where it counts.
-    let vhost = &desired.topology.vhost;
     let vhost_exists = management.vhost_exists(vhost).await?;
     decide(management, valid, &me, &missing, vhost_exists).await?;
     // The locks live in the vhost, which the operator's user must be able to use.
@@ -205,7 +211,7 @@ async fn take(
 /// and no worker (as the management API last counted it).
 async fn refuse_stranding(
     management: &Management,
-    retiring: &BTreeSet<Claim>,
+    retiring: impl Iterator<Item = &Claim>,
 ) -> Result<(), Error> {
     for claim in retiring {
         let Claim::Queue { vhost, name } = claim else {

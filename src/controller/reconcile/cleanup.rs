@@ -10,6 +10,7 @@
 //! is removed, so nothing hangs in Terminating. A vhost that is gone is a clean deletion. The worker
 //! Deployment and Secret go with the pipeline through their owner references.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -239,7 +240,7 @@ async fn remove_from_rabbitmq(
         );
     }
     let policy = spec.topology.deletion_policy;
-    match retire(&management, &broker, &me, &held, policy).await {
+    match retire(&management, &broker, &me, &held, &BTreeSet::new(), policy).await {
         Ok(retired) => {
             let users = retired
                 .users_removed

@@ -136,7 +136,12 @@ async fn steps(
     let (applied, autoscaling) = apply::apply(ctx, &valid, &resolved, &desired, &claimed).await?;
     // 6. observe, at most every `queue_depth_interval`; in between the status keeps the last.
     let observed = match ctx.queue_depths_due(key) {
-        true => observe::observe(&valid.broker.management, &desired.topology).await,
+        true => {
+            let management = &valid.broker.management;
+            let spec = &valid.spec.topology;
+            let draining = &applied.draining;
+            observe::observe(management, &desired.topology, spec, draining).await
+        }
         false => Observed::NOT_READ,
     };
     Ok(Converged {

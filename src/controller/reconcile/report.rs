@@ -45,7 +45,7 @@ pub async fn report(
             desired_workers: desired_workers(pipeline, done.applied.deployment.as_ref()),
             autoscaling: done.autoscaling.clone(),
             deployment_name: &worker_deployment,
-            queues: done.observed.queues,
+            queues: done.observed.queues.clone(),
             worker_user: Some(done.worker_user.clone()),
         },
         Err(e) => Findings {
@@ -82,7 +82,7 @@ pub async fn report(
         ctx.metrics
             .rabbitmq_written(namespace, name, done.rabbitmq.writes);
     }
-    if let Some(queues) = status.queues {
+    if let Some(queues) = &status.queues {
         for (role, depth) in [
             (QueueRole::Send, queues.send),
             (QueueRole::Retry, queues.retry),
@@ -92,6 +92,12 @@ pub async fn report(
                 ctx.metrics.set_queue_depth(namespace, name, role, depth);
             }
         }
+        let tiers: Vec<(u32, i64)> = queues
+            .retry_tiers
+            .iter()
+            .filter_map(|tier| Some((tier.tier, tier.messages?)))
+            .collect();
+        ctx.metrics.set_retry_tiers(namespace, name, &tiers);
     }
     publish_events(pipeline, key, ctx, outcome, previous, &status).await;
     Ok(())
@@ -171,6 +177,20 @@ async fn publish_events(
                 )
                 .await;
             }
+            if !done.applied.drained.is_empty() {
+                let note = format!(
+                    "removed the empty queue of a former delay tier: {}",
+                    done.applied.drained.join("; ")
+                );
+                ctx.publish(
+                    &regarding,
+                    EventType::Normal,
+                    event::RETRY_TIER_REMOVED,
+                    "Reconcile",
+                    note,
+                )
+                .await;
+            }
             let rabbitmq: Vec<String> = done
                 .applied
                 .topology_changes
@@ -227,7 +247,7 @@ async fn publish_events(
     if let Some(added) = dead_letters_added(previous, status)
         && ctx.dead_letters_event_due(key)
     {
-        let total = status.queues.and_then(|q| q.dead).unwrap_or(added);
+        let total = status.queues.as_ref().and_then(|q| q.dead).unwrap_or(added);
         let note = format!(
             "{added} new dead letters in {} ({total} in all); read their x-mail-dead-reason and x-mail-dead-error headers",
             pipeline.spec.topology.dead_queue

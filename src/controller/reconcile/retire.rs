@@ -9,6 +9,12 @@
 //! no message, with their policies; what stays (`Retain`, or a queue that holds mail) is
 //! marked as retained, for a later pipeline of the same name to take over, and is no
 //! longer held.
+//!
+//! The delay queue of a tier the spec no longer has is the exception
+//! ([`is_former_tier`](crate::topology::ownership::is_former_tier)), whatever
+//! `deletionPolicy` says: it is removed when empty, and while it holds parked requests it
+//! is kept with its policy and binding, still held, so they still return to the send
+//! queue and the next reconcile tries again.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -30,14 +36,31 @@ pub struct Retired {
     pub kept: Vec<String>,
     /// Meant to go but still there (a queue that holds mail), marked as retained.
     pub left_over: Vec<String>,
+    /// Delay queues of former tiers kept, still held, while they hold parked requests (or
+    /// their messages could not be counted), e.g. `mail.send.retry.3`.
+    pub draining: Vec<String>,
+    /// Delay queues of former tiers, and their policies, removed now that they are empty
+    /// (not in `removed`).
+    pub drained: Vec<String>,
 }
 
-/// Gives up `claims`, all held by `me` in the broker of `management`.
+/// What to do with a queue that is kept because it holds mail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WhenFull {
+    /// Mark it as retained: it is no longer held.
+    Retain,
+    /// Keep holding it, to try again at the next reconcile.
+    Hold,
+}
+
+/// Gives up `claims`, all held by `me` in the broker of `management`; those also in
+/// `former_tiers` are delay queues of tiers the spec no longer has (see the module).
 pub async fn retire(
     management: &Management,
     broker: &Broker,
     me: &Owner,
     claims: &BTreeSet<Claim>,
+    former_tiers: &BTreeSet<Claim>,
     policy: DeletionPolicy,
 ) -> Result<Retired, Error> {
     let mut retired = Retired::default();
@@ -56,7 +79,18 @@ pub async fn retire(
         }
     }
     for (vhost, claims) in by_vhost {
-        retire_in_vhost(management, broker, me, vhost, &claims, policy, &mut retired).await?;
+        let (tiers, others): (Vec<&Claim>, Vec<&Claim>) = claims
+            .into_iter()
+            .partition(|claim| former_tiers.contains(*claim));
+        for (claims, policy, when_full) in [
+            (others, policy, WhenFull::Retain),
+            (tiers, DeletionPolicy::Delete, WhenFull::Hold),
+        ] {
+            if !claims.is_empty() {
+                let how = (policy, when_full);
+                retire_in_vhost(management, broker, me, vhost, &claims, how, &mut retired).await?;
+            }
+        }
     }
     Ok(retired)
 }
@@ -67,7 +101,7 @@ async fn retire_in_vhost(
     me: &Owner,
     vhost: &str,
     claims: &[&Claim],
-    policy: DeletionPolicy,
+    (policy, when_full): (DeletionPolicy, WhenFull),
     retired: &mut Retired,
 ) -> Result<(), Error> {
     if !management.vhost_exists(vhost).await? {
@@ -116,14 +150,19 @@ async fn retire_in_vhost(
             management.clear_owner(&claim.marker()).await?;
         }
     }
-    retired.removed.extend(
-        report
-            .removed
-            .iter()
-            .map(|removed| format!("{removed} in vhost {vhost:?}")),
-    );
+    let removed = report
+        .removed
+        .iter()
+        .map(|removed| format!("{removed} in vhost {vhost:?}"));
+    match when_full {
+        WhenFull::Retain => retired.removed.extend(removed),
+        WhenFull::Hold => retired.drained.extend(removed),
+    }
     for kept in &report.kept {
         match kept {
+            Kept::Queue { name, .. } if when_full == WhenFull::Hold => {
+                retired.draining.push(name.clone());
+            }
             Kept::Queue { name, why } => {
                 let claim = Claim::Queue {
                     vhost: vhost.to_string(),

@@ -40,6 +40,6 @@ pub async fn revoke(ctx: &Context, pipeline: &MailerPipeline) -> Result<Vec<Stri
         return Ok(Vec::new());
     }
     let policy = pipeline.spec.topology.deletion_policy;
-    let retired = retire(&management, &broker, &me, &users, policy).await?;
+    let retired = retire(&management, &broker, &me, &users, &BTreeSet::new(), policy).await?;
     Ok(retired.users_removed)
 }
