@@ -9,7 +9,9 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use mailer::topology::{Management, ManagementEndpoint};
@@ -323,6 +325,20 @@ pub async fn get_within(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Messages in `queue` this instant (a passive declare, not the management API's lagging
+/// statistics), or `None` when it does not exist.
+pub async fn live_count(connection: &Connection, queue: &str) -> Option<u32> {
+    let channel = connection.create_channel().await.expect("channel");
+    let options = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let declared = channel
+        .queue_declare(queue.into(), options, FieldTable::default())
+        .await;
+    declared.ok().map(|queue| queue.message_count())
 }
 
 pub fn no_args() -> FieldTable {

@@ -3,14 +3,13 @@
 //! queue holds mail keeps the queue (held, draining) until it is empty and the workers
 //! have rolled out, then removes it.
 
-use lapin::options::{QueueDeclareOptions, QueuePurgeOptions};
-use lapin::types::FieldTable;
-use lapin::{BasicProperties, Connection};
+use lapin::BasicProperties;
+use lapin::options::QueuePurgeOptions;
 use serde_json::{Value, json};
 
 use super::broker::{eventually, secret_uri, unique_pipeline};
 use mailer::topology::ownership::Claim;
-use mailer_testkit::broker::{TestVhost, confirming_channel, publish, raw_api};
+use mailer_testkit::broker::{TestVhost, confirming_channel, live_count, publish, raw_api};
 use mailer_testkit::operator::*;
 use mailer_testkit::pipeline::PipelineSpec;
 
@@ -27,19 +26,6 @@ fn retry_keys(h: &Harness, name: &str) -> Option<String> {
         .iter()
         .find(|var| var["name"] == "MAIL_RETRY_KEYS")
         .and_then(|var| var["value"].as_str().map(String::from))
-}
-
-/// Messages in `queue` this instant, or `None` when it does not exist.
-async fn live_count(connection: &Connection, queue: &str) -> Option<u32> {
-    let channel = connection.create_channel().await.expect("channel");
-    let options = QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    let declared = channel
-        .queue_declare(queue.into(), options, FieldTable::default())
-        .await;
-    declared.ok().map(|queue| queue.message_count())
 }
 
 /// Reconciles until the stored status's `queues` satisfies `check`.

@@ -9,16 +9,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
-use lapin::{BasicProperties, Connection};
+use lapin::BasicProperties;
 use mailer::message::Mail;
 use mailer::provider::{ErrorClass, Provider, SendError};
 use mailer::topology::desired::Binding;
 use mailer::topology::tiers::remove_former_tiers;
 use mailer::topology::{Kept, Removed};
 use mailer_testkit::broker::{
-    confirming_channel, management, pipeline_of, publish, raw_api, spec_in,
+    confirming_channel, live_count, management, pipeline_of, publish, raw_api, spec_in,
 };
 use mailer_testkit::inproc::InProcess;
 
@@ -50,20 +48,6 @@ impl Provider for Outage {
             Ok(())
         })
     }
-}
-
-/// Messages in `queue` this instant (a passive declare, not the lagging statistics), or
-/// `None` when it does not exist.
-async fn live_count(connection: &Connection, queue: &str) -> Option<u32> {
-    let channel = connection.create_channel().await.expect("channel");
-    let options = QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    let declared = channel
-        .queue_declare(queue.into(), options, FieldTable::default())
-        .await;
-    declared.ok().map(|queue| queue.message_count())
 }
 
 /// `mailer topology <action>` of a pipeline in `vhost` with `topology`, counting queues

@@ -239,18 +239,28 @@ impl Management {
         action: &str,
     ) -> Result<Option<T>, TopologyError> {
         let (status, body) = self.get(segments).await?;
+        if status == 404 {
+            return Ok(None);
+        }
+        if let Some(refused) = self.refusal_of_user(status, action) {
+            return Err(refused);
+        }
+        self.answer(status, body, action).map(Some)
+    }
+
+    /// The error of a 401 or 403 answer: the endpoint refused this user, or this action.
+    fn refusal_of_user(&self, status: u16, action: &str) -> Option<TopologyError> {
         match status {
-            404 => Ok(None),
-            401 => Err(TopologyError::Unauthorized {
+            401 => Some(TopologyError::Unauthorized {
                 endpoint: self.endpoint.to_string(),
                 user: self.endpoint.username.clone(),
             }),
-            403 => Err(TopologyError::Forbidden {
+            403 => Some(TopologyError::Forbidden {
                 endpoint: self.endpoint.to_string(),
                 user: self.endpoint.username.clone(),
                 action: action.to_string(),
             }),
-            _ => self.answer(status, body, action).map(Some),
+            _ => None,
         }
     }
 
@@ -348,17 +358,9 @@ impl Management {
             })
             .await
             .map_err(|e| TopologyError::unreachable(&self.endpoint, &e))?;
-        match status {
-            401 => Err(TopologyError::Unauthorized {
-                endpoint: self.endpoint.to_string(),
-                user: self.endpoint.username.clone(),
-            }),
-            403 => Err(TopologyError::Forbidden {
-                endpoint: self.endpoint.to_string(),
-                user: self.endpoint.username.clone(),
-                action: action.to_string(),
-            }),
-            status => Ok(status),
+        match self.refusal_of_user(status, action) {
+            Some(refused) => Err(refused),
+            None => Ok(status),
         }
     }
 
