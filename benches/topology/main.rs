@@ -132,20 +132,13 @@ impl Drop for BenchVhost {
     fn drop(&mut self) {
         let (name, base) = (self.name.clone(), self.api_base.clone());
         // Drop cannot be async: delete on a runtime of its own, on a thread of its own.
-        let deleted = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            runtime.block_on(async {
-                Client::new(&base, "guest", "guest")
-                    .delete_vhost(&name, true)
-                    .await
-                    .err()
-                    .map(|e| e.to_string())
-            })
-        })
-        .join();
+        let deleted = mailer_testkit::run_apart(move || async move {
+            Client::new(&base, "guest", "guest")
+                .delete_vhost(&name, true)
+                .await
+                .err()
+                .map(|e| e.to_string())
+        });
         if let Ok(Some(e)) = deleted {
             eprintln!("could not delete vhost {}: {e}", self.name);
         }

@@ -195,14 +195,9 @@ impl Drop for BenchVhost {
     fn drop(&mut self) {
         let name = self.name.clone();
         // Drop cannot be async: delete on a runtime of its own, on a thread of its own.
-        let deleted = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(async { raw_api().delete_vhost(&name, true).await.is_ok() })
-        })
-        .join();
+        let deleted = mailer_testkit::run_apart(move || async move {
+            raw_api().delete_vhost(&name, true).await.is_ok()
+        });
         if !matches!(deleted, Ok(true)) {
             eprintln!("warning: could not delete vhost {}", self.name);
         }

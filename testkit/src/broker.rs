@@ -66,22 +66,15 @@ impl TestBroker {
     /// Fails loudly when the broker on the ports is not the version asked for.
     fn check_version(&self) {
         let api = format!("http://127.0.0.1:{}/api", self.management_port);
-        let found = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async {
-                mailer::install_crypto_provider();
-                let client = rabbitmq_http_client::api::Client::new(&api, "guest", "guest");
-                client
-                    .overview()
-                    .await
-                    .map(|o| o.rabbitmq_version)
-                    .map_err(|e| e.to_string())
-            })
+        let found = crate::run_apart(move || async move {
+            mailer::install_crypto_provider();
+            let client = rabbitmq_http_client::api::Client::new(&api, "guest", "guest");
+            client
+                .overview()
+                .await
+                .map(|o| o.rabbitmq_version)
+                .map_err(|e| e.to_string())
         })
-        .join()
         .expect("version check");
         match found {
             Ok(version) => assert!(
@@ -165,31 +158,24 @@ impl TestVhost {
     fn delete_now(&self) {
         let name = self.name.clone();
         // Drop cannot be async: delete on a runtime of its own, on a thread of its own.
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async {
-                let api = raw_api();
-                // The operator's owner markers of the vhost's objects are global
-                // parameters (see mailer::topology::ownership): they go with it.
-                let legacy = format!("mailer-owner|topology|{name}|");
-                for parameter in api
-                    .list_global_runtime_parameters()
-                    .await
-                    .unwrap_or_default()
-                {
-                    let of_vhost = mailer::topology::ownership::Claim::of_marker(&parameter.name)
-                        .is_some_and(|claim| claim.vhost() == Some(name.as_str()));
-                    if of_vhost || parameter.name.starts_with(&legacy) {
-                        let _ = api.clear_global_runtime_parameter(&parameter.name).await;
-                    }
+        let _ = crate::run_apart(move || async move {
+            let api = raw_api();
+            // The operator's owner markers of the vhost's objects are global
+            // parameters (see mailer::topology::ownership): they go with it.
+            let legacy = format!("mailer-owner|topology|{name}|");
+            for parameter in api
+                .list_global_runtime_parameters()
+                .await
+                .unwrap_or_default()
+            {
+                let of_vhost = mailer::topology::ownership::Claim::of_marker(&parameter.name)
+                    .is_some_and(|claim| claim.vhost() == Some(name.as_str()));
+                if of_vhost || parameter.name.starts_with(&legacy) {
+                    let _ = api.clear_global_runtime_parameter(&parameter.name).await;
                 }
-                api.delete_vhost(&name, true).await.is_ok()
-            })
-        })
-        .join();
+            }
+            api.delete_vhost(&name, true).await.is_ok()
+        });
     }
 }
 

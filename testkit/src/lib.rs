@@ -47,6 +47,25 @@ pub fn mailer_bin() -> PathBuf {
     profile_dir.join("mailer")
 }
 
+/// Runs the future `make` returns to its end on a runtime of its own, on a thread of its
+/// own, and returns its output (`Err` when it panicked). What a `Drop` or other
+/// synchronous code of the tests and benches does with async work: called inside a
+/// runtime, `block_on` there would panic.
+pub fn run_apart<T, F>(make: impl FnOnce() -> F + Send + 'static) -> std::thread::Result<T>
+where
+    F: std::future::Future<Output = T>,
+    T: Send + 'static,
+{
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(make())
+    })
+    .join()
+}
+
 static UNIQUE: AtomicU32 = AtomicU32::new(0);
 
 /// A name no other test, nor another run of this one, uses (it also names the worker

@@ -30,21 +30,14 @@ impl Drop for UserCleanup {
     fn drop(&mut self) {
         let users = std::mem::take(&mut self.0);
         // Drop cannot be async: delete on a runtime of its own, on a thread of its own.
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async {
-                for user in users {
-                    let _ = raw_api().delete_user(&user, true).await;
-                    let marker =
-                        mailer::topology::ownership::Claim::User { name: user.clone() }.marker();
-                    let _ = raw_api().clear_global_runtime_parameter(&marker).await;
-                }
-            });
-        })
-        .join();
+        let _ = mailer_testkit::run_apart(move || async move {
+            for user in users {
+                let _ = raw_api().delete_user(&user, true).await;
+                let marker =
+                    mailer::topology::ownership::Claim::User { name: user.clone() }.marker();
+                let _ = raw_api().clear_global_runtime_parameter(&marker).await;
+            }
+        });
     }
 }
 

@@ -274,17 +274,10 @@ impl Drop for Pipeline {
     fn drop(&mut self) {
         let vhost = self.vhost.clone();
         let api = format!("http://{}/api", self.broker.management);
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async {
-                let client = rabbitmq_http_client::api::Client::new(&api, "guest", "guest");
-                let _ = client.delete_vhost(&vhost, true).await;
-            })
-        })
-        .join();
+        let _ = mailer_testkit::run_apart(move || async move {
+            let client = rabbitmq_http_client::api::Client::new(&api, "guest", "guest");
+            let _ = client.delete_vhost(&vhost, true).await;
+        });
     }
 }
 

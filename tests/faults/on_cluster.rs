@@ -388,34 +388,26 @@ struct Made {
 impl Drop for Made {
     fn drop(&mut self) {
         let (vhosts, users) = (self.vhosts.clone(), self.users.clone());
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async {
-                let cluster = Cluster::get();
-                for n in NODES {
-                    let api = format!("http://{}:15672/api", cluster.address(n));
-                    let client = rabbitmq_http_client::api::Client::new(&api, "guest", "guest");
-                    if client.list_nodes().await.is_err() {
-                        continue;
-                    }
-                    for vhost in &vhosts {
-                        let _ = client.delete_vhost(vhost, true).await;
-                    }
-                    for user in &users {
-                        let _ = client.delete_user(user, true).await;
-                        let marker =
-                            mailer::topology::ownership::Claim::User { name: user.clone() }
-                                .marker();
-                        let _ = client.clear_global_runtime_parameter(&marker).await;
-                    }
-                    break;
+        let _ = mailer_testkit::run_apart(move || async move {
+            let cluster = Cluster::get();
+            for n in NODES {
+                let api = format!("http://{}:15672/api", cluster.address(n));
+                let client = rabbitmq_http_client::api::Client::new(&api, "guest", "guest");
+                if client.list_nodes().await.is_err() {
+                    continue;
                 }
-            });
-        })
-        .join();
+                for vhost in &vhosts {
+                    let _ = client.delete_vhost(vhost, true).await;
+                }
+                for user in &users {
+                    let _ = client.delete_user(user, true).await;
+                    let marker =
+                        mailer::topology::ownership::Claim::User { name: user.clone() }.marker();
+                    let _ = client.clear_global_runtime_parameter(&marker).await;
+                }
+                break;
+            }
+        });
     }
 }
 
