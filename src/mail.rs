@@ -4,6 +4,8 @@
 //! defined here once; other modules refer to these constants instead of spelling the
 //! strings again.
 
+use std::time::Duration;
+
 /// The direct exchange that producers publish mail requests to.
 pub const EXCHANGE: &str = "mail";
 /// The quorum queue the worker consumes; also the routing key of every request.
@@ -52,6 +54,20 @@ pub fn retry_tier_key(send_key: &str, retry_queue: &str, tier: usize) -> String 
 pub fn retry_tier_of(failed_attempt: u32, tiers: usize) -> usize {
     let attempt = usize::try_from(failed_attempt).unwrap_or(usize::MAX);
     attempt.clamp(1, tiers.max(1))
+}
+
+/// The tier a request parks in when the provider asked it to wait `retry_after` (an HTTP
+/// API's `Retry-After`), with the tiers' `delays` in order: the tier of its attempt
+/// (`by_attempt`, [`retry_tier_of`]), or a later one when that one's delay is shorter
+/// than the wait: the first whose delay is at least the wait, else the last. Never an
+/// earlier tier than the attempt's, so a provider cannot make retries come sooner than the
+/// pipeline's schedule. Without the delays (none known), the attempt's tier.
+pub fn retry_tier_waiting(by_attempt: usize, delays: &[Duration], retry_after: Duration) -> usize {
+    let long_enough = delays
+        .iter()
+        .position(|delay| *delay >= retry_after)
+        .map_or(delays.len(), |index| index + 1);
+    by_attempt.max(long_enough)
 }
 /// The fanout exchange that requests which never will succeed are published to.
 pub const DEAD_EXCHANGE: &str = "mail.dead";
@@ -182,6 +198,25 @@ mod tests {
         assert_eq!(retry_tier_of(9, 1), 1);
         assert_eq!(retry_tier_of(0, 3), 1, "no attempt 0; the first tier");
         assert_eq!(retry_tier_of(u32::MAX, MAX_RETRY_TIERS), MAX_RETRY_TIERS);
+    }
+
+    #[test]
+    fn a_retry_after_moves_a_request_to_the_first_tier_that_waits_long_enough() {
+        let secs = Duration::from_secs;
+        // 30s, 5m, 30m, 2h
+        let delays = [secs(30), secs(300), secs(1800), secs(7200)];
+        let tier = |by_attempt, wait| retry_tier_waiting(by_attempt, &delays, secs(wait));
+        assert_eq!(tier(1, 10), 1, "a shorter wait keeps the attempt's tier");
+        assert_eq!(tier(1, 30), 1, "a wait of exactly the tier's delay fits it");
+        assert_eq!(tier(1, 31), 2);
+        assert_eq!(tier(1, 600), 3);
+        assert_eq!(tier(1, 86_400), 4, "longer than every tier: the last");
+        assert_eq!(tier(3, 60), 3, "never earlier than the attempt's tier");
+        assert_eq!(
+            retry_tier_waiting(2, &[], secs(3600)),
+            2,
+            "no delays known: the attempt's tier"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use anyhow::{Result, anyhow, bail};
 use mailer::provider::Provider;
 use mailer::telemetry::Health;
 use mailer::worker::Worker;
-use mailer::worker::config::Timeouts;
+use mailer::worker::config::{RetryTiers, Timeouts};
 use mailer::worker::metrics::WorkerMetrics;
 use prometheus_client::registry::Registry;
 
@@ -42,7 +42,7 @@ pub async fn run_worker(
         prefetch: PREFETCH,
         queue: t.queue.clone(),
         retry_exchange: t.retry_exchange.clone(),
-        retry_keys: Vec::new(),
+        retry_tiers: RetryTiers::one(&t.queue),
         dead_exchange: t.dead_exchange.clone(),
         send_key: t.queue.clone(),
         timeouts: Timeouts::default(),

@@ -12,7 +12,7 @@ use crate::mail;
 use crate::message::send::{Destination, publish_request};
 use crate::message::{MailRequest, parse_request, size, unique_id};
 use crate::worker::Worker;
-use crate::worker::config::{ConfigError, Timeouts, amqp_user, retry_keys};
+use crate::worker::config::{ConfigError, RetryTiers, Timeouts, amqp_user};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {
@@ -62,6 +62,13 @@ pub struct WorkerTuning {
     /// routed by the send key.
     #[arg(long, env = "MAIL_RETRY_KEYS", value_delimiter = ',')]
     pub retry_keys: Option<Vec<String>>,
+    /// The delay of each tier of MAIL_RETRY_KEYS, in tier order, separated by commas
+    /// (`30s,5m,30m`). With them, a provider that asks to wait (an HTTP API's
+    /// `Retry-After`) parks the request in the first tier that waits that long, if that is
+    /// later than its attempt's tier (the last tier at most). Without them, the attempt
+    /// alone picks the tier.
+    #[arg(long, env = "MAIL_RETRY_DELAYS", value_delimiter = ',', value_parser = humantime::parse_duration)]
+    pub retry_delays: Option<Vec<Duration>>,
     /// The exchange requests that never will succeed are published to.
     #[arg(long, env = "MAIL_DEAD_EXCHANGE", default_value = mail::DEAD_EXCHANGE)]
     pub dead_exchange: String,
@@ -106,7 +113,7 @@ impl WorkerArgs {
             crate::provider::from_url_with(&self.provider_url, self.provider_ca_file.as_deref())?,
             t.rate_limit,
         );
-        let retry_keys = retry_keys(&t.send_key, t.retry_keys)?;
+        let retry_tiers = RetryTiers::new(&t.send_key, t.retry_keys, t.retry_delays)?;
         Ok(Worker {
             amqp_url: self.amqp_url,
             user,
@@ -116,7 +123,7 @@ impl WorkerArgs {
             prefetch: t.prefetch,
             queue: t.queue,
             retry_exchange: t.retry_exchange,
-            retry_keys,
+            retry_tiers,
             dead_exchange: t.dead_exchange,
             send_key: t.send_key,
             timeouts: Timeouts {

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::amqp::publish::confirm_deadline;
+use crate::mail::{retry_tier_of, retry_tier_waiting};
 
 /// How long a worker without a broker goes on connecting again by default: longer than a
 /// rolling restart of a cluster's nodes takes, so such a restart costs no worker restart.
@@ -71,27 +72,94 @@ pub enum ConfigError {
     ProviderUrl(#[from] crate::provider::ProviderUrlError),
     #[error("MAIL_RETRY_KEYS: {0}")]
     RetryKeys(String),
+    #[error("MAIL_RETRY_DELAYS: {0}")]
+    RetryDelays(String),
 }
 
-/// The routing key of each delay tier, in tier order: `given` (`MAIL_RETRY_KEYS`), or the
-/// one tier of a pipeline without tiers, routed by `send_key`.
-pub fn retry_keys(send_key: &str, given: Option<Vec<String>>) -> Result<Vec<String>, ConfigError> {
-    let Some(keys) = given else {
-        return Ok(vec![send_key.to_string()]);
-    };
-    if keys.is_empty() || keys.len() > crate::mail::MAX_RETRY_TIERS {
-        return Err(ConfigError::RetryKeys(format!(
-            "{} routing keys; give one per delay tier, 1 to {}",
-            keys.len(),
-            crate::mail::MAX_RETRY_TIERS
-        )));
+/// The delay tiers a worker parks requests in: each tier's routing key on the retry
+/// exchange and, when known, its delay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryTiers {
+    /// In tier order; never empty.
+    keys: Vec<String>,
+    /// In tier order, as many as `keys`; or empty when not known, and then a provider's
+    /// `Retry-After` chooses no tier.
+    delays: Vec<Duration>,
+}
+
+impl RetryTiers {
+    /// The one tier of a pipeline without tiers, routed by `send_key`.
+    pub fn one(send_key: &str) -> Self {
+        Self {
+            keys: vec![send_key.to_string()],
+            delays: Vec::new(),
+        }
     }
-    if keys.iter().any(String::is_empty) {
-        return Err(ConfigError::RetryKeys(
-            "an empty routing key; give one per delay tier, separated by commas".into(),
-        ));
+
+    /// The tiers of a pipeline's topology, with their delays.
+    pub fn of_topology(
+        topology: &crate::spec::TopologySpec,
+    ) -> Result<Self, crate::spec::FieldError> {
+        Ok(Self {
+            keys: topology.retry_tier_keys(),
+            delays: topology.retry_delays()?,
+        })
     }
-    Ok(keys)
+
+    /// The tiers of `keys` (`MAIL_RETRY_KEYS`) and `delays` (`MAIL_RETRY_DELAYS`), or
+    /// [`one`](Self::one) of `send_key` without keys.
+    pub fn new(
+        send_key: &str,
+        keys: Option<Vec<String>>,
+        delays: Option<Vec<Duration>>,
+    ) -> Result<Self, ConfigError> {
+        let Some(keys) = keys else {
+            return match delays {
+                Some(_) => Err(ConfigError::RetryDelays(
+                    "given without MAIL_RETRY_KEYS; give both, one per delay tier".into(),
+                )),
+                None => Ok(Self::one(send_key)),
+            };
+        };
+        if keys.is_empty() || keys.len() > crate::mail::MAX_RETRY_TIERS {
+            return Err(ConfigError::RetryKeys(format!(
+                "{} routing keys; give one per delay tier, 1 to {}",
+                keys.len(),
+                crate::mail::MAX_RETRY_TIERS
+            )));
+        }
+        if keys.iter().any(String::is_empty) {
+            return Err(ConfigError::RetryKeys(
+                "an empty routing key; give one per delay tier, separated by commas".into(),
+            ));
+        }
+        let delays = delays.unwrap_or_default();
+        if !delays.is_empty() && delays.len() != keys.len() {
+            return Err(ConfigError::RetryDelays(format!(
+                "{} delays for {} tiers (MAIL_RETRY_KEYS); give one per tier",
+                delays.len(),
+                keys.len()
+            )));
+        }
+        if delays.windows(2).any(|pair| pair[1] <= pair[0]) {
+            return Err(ConfigError::RetryDelays(
+                "the delays must be strictly increasing, one per tier in tier order".into(),
+            ));
+        }
+        Ok(Self { keys, delays })
+    }
+
+    /// The routing key of the tier a request whose attempt `failed_attempt` failed for
+    /// now parks in: the attempt's tier ([`retry_tier_of`]), or a later one that waits at
+    /// least `retry_after`, the wait the provider asked for ([`retry_tier_waiting`]).
+    pub fn key_for(&self, failed_attempt: u32, retry_after: Option<Duration>) -> &str {
+        let tiers = self.keys.len();
+        let by_attempt = retry_tier_of(failed_attempt, tiers);
+        let tier = retry_after.map_or(by_attempt, |wait| {
+            retry_tier_waiting(by_attempt, &self.delays, wait).min(tiers)
+        });
+        &self.keys[tier.clamp(1, tiers) - 1]
+    }
 }
 
 /// The broker user of an AMQP URL (`guest` when it names none), or which value is wrong.
@@ -128,13 +196,50 @@ mod tests {
 
     #[test]
     fn retry_keys_default_to_the_one_tier_of_the_send_key() {
-        assert_eq!(retry_keys("shop.send", None).unwrap(), ["shop.send"]);
+        let one = RetryTiers::new("shop.send", None, None).unwrap();
+        assert_eq!(one, RetryTiers::one("shop.send"));
+        assert_eq!(one.key_for(3, Some(Duration::from_secs(3600))), "shop.send");
         let four: Vec<String> = ["a", "b", "c", "d"].map(String::from).to_vec();
-        assert_eq!(retry_keys("x", Some(four.clone())).unwrap(), four);
+        let tiers = RetryTiers::new("x", Some(four.clone()), None).unwrap();
+        let keys: Vec<&str> = (1..=5)
+            .map(|attempt| tiers.key_for(attempt, None))
+            .collect();
+        assert_eq!(keys, ["a", "b", "c", "d", "d"]);
         for bad in [vec![], vec![String::new()], vec!["k".to_string(); 11]] {
-            let e = retry_keys("x", Some(bad)).unwrap_err().to_string();
+            let e = RetryTiers::new("x", Some(bad), None)
+                .unwrap_err()
+                .to_string();
             assert!(e.starts_with("MAIL_RETRY_KEYS: "), "{e}");
         }
+    }
+
+    #[test]
+    fn with_the_delays_a_retry_after_picks_a_tier_that_waits_long_enough() {
+        let secs = Duration::from_secs;
+        let keys: Vec<String> = ["t1", "t2", "t3"].map(String::from).to_vec();
+        let delays = vec![secs(30), secs(300), secs(1800)];
+        let tiers = RetryTiers::new("x", Some(keys.clone()), Some(delays)).unwrap();
+        assert_eq!(tiers.key_for(1, None), "t1");
+        assert_eq!(tiers.key_for(1, Some(secs(20))), "t1");
+        assert_eq!(tiers.key_for(1, Some(secs(120))), "t2");
+        assert_eq!(tiers.key_for(1, Some(secs(86_400))), "t3");
+        assert_eq!(tiers.key_for(3, Some(secs(1))), "t3", "never sooner");
+        let without_delays = RetryTiers::new("x", Some(keys.clone()), None).unwrap();
+        assert_eq!(without_delays.key_for(1, Some(secs(120))), "t1");
+        for (delays, why) in [
+            (vec![secs(30)], "1 delays for 3 tiers"),
+            (vec![secs(30), secs(30), secs(60)], "strictly increasing"),
+        ] {
+            let e = RetryTiers::new("x", Some(keys.clone()), Some(delays))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("MAIL_RETRY_DELAYS: ") && e.contains(why),
+                "{e}"
+            );
+        }
+        let e = RetryTiers::new("x", None, Some(vec![secs(30)])).unwrap_err();
+        assert!(e.to_string().contains("without MAIL_RETRY_KEYS"), "{e}");
     }
 
     #[test]

@@ -32,7 +32,7 @@ use lapin::options::BasicCancelOptions;
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
-use super::config::{Timeouts, send_turns};
+use super::config::{RetryTiers, Timeouts, send_turns};
 use super::delivery::{SettleError, Shared, handle};
 use super::error::WorkerError;
 use super::links::{self, Events, LinkEvent, Links, Plan};
@@ -66,10 +66,9 @@ pub struct Worker {
     pub prefetch: u16,
     pub queue: String,
     pub retry_exchange: String,
-    /// The routing key of each delay tier on `retry_exchange`, in tier order; a request
-    /// whose attempt n failed for now parks in tier min(n, tiers). Empty: one tier, routed
-    /// by `send_key`.
-    pub retry_keys: Vec<String>,
+    /// The delay tiers on `retry_exchange`: a request whose attempt n failed for now
+    /// parks in tier min(n, tiers), or a later one its provider's `Retry-After` asks for.
+    pub retry_tiers: RetryTiers,
     pub dead_exchange: String,
     pub send_key: String,
     pub timeouts: Timeouts,
@@ -220,7 +219,7 @@ impl Worker {
                 publish,
                 &self.user,
                 &self.send_key,
-                &self.retry_keys,
+                self.retry_tiers.clone(),
                 &self.retry_exchange,
                 &self.dead_exchange,
                 self.timeouts.publish,

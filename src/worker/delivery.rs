@@ -178,6 +178,7 @@ async fn attempt(
                 Attempted::FailedForNow {
                     attempt,
                     error: e.to_string(),
+                    retry_after: e.retry_after(),
                 }
             }
         }
@@ -192,10 +193,18 @@ async fn settle(
 ) -> Result<(), SettleError> {
     let published = match &outcome {
         Outcome::Ack => Ok(()),
-        Outcome::Park { next_attempt } => {
+        Outcome::Park {
+            next_attempt,
+            retry_after,
+        } => {
             shared
                 .publisher
-                .park(&request.properties(), &request.bytes, *next_attempt)
+                .park(
+                    &request.properties(),
+                    &request.bytes,
+                    *next_attempt,
+                    *retry_after,
+                )
                 .await
         }
         Outcome::DeadLetter {
@@ -238,7 +247,7 @@ async fn settle(
             shared.metrics.settled(OutcomeLabel::Sent);
             debug!("sent");
         }
-        Outcome::Park { next_attempt } => {
+        Outcome::Park { next_attempt, .. } => {
             // Counted in mailer_worker_deliveries_total{outcome="parked"}; a line each
             // only at debug, since a provider that is down parks every request.
             shared.metrics.settled(OutcomeLabel::Parked);

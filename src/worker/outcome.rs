@@ -1,5 +1,7 @@
 //! What happens to a delivery, as a pure function of what happened while processing it.
 
+use std::time::Duration;
+
 use crate::mail::DeadReason;
 
 /// What processing a delivery found out.
@@ -16,8 +18,13 @@ pub enum Attempted {
     /// The provider refused it for good (e.g. an SMTP 5xx).
     FailedForGood { attempt: u32, error: String },
     /// It failed for now after reaching the provider (e.g. an SMTP 4xx, a connection
-    /// cut mid-session, a timeout once a session was open).
-    FailedForNow { attempt: u32, error: String },
+    /// cut mid-session, a timeout once a session was open), perhaps with the wait the
+    /// provider asked for (an HTTP API's `Retry-After`).
+    FailedForNow {
+        attempt: u32,
+        error: String,
+        retry_after: Option<Duration>,
+    },
     /// It failed for now before reaching the provider (e.g. a refused connection, no
     /// greeting, connecting paused): nobody saw the mail, so this was no attempt.
     NotReached { attempt: u32 },
@@ -27,9 +34,11 @@ pub enum Attempted {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Ack,
-    /// Publish to the retry exchange with this attempt number.
+    /// Publish to the retry exchange with this attempt number, in the tier of the attempt
+    /// that failed, or a later one that waits at least `retry_after`.
     Park {
         next_attempt: u32,
+        retry_after: Option<Duration>,
     },
     /// Publish to the dead-letter exchange with why.
     DeadLetter {
@@ -66,18 +75,24 @@ pub fn decide(attempted: Attempted, max_attempts: u32) -> Outcome {
             attempts: attempt,
             error,
         },
-        Attempted::FailedForNow { attempt, error } if attempt >= max_attempts => {
+        Attempted::FailedForNow { attempt, error, .. } if attempt >= max_attempts => {
             Outcome::DeadLetter {
                 reason: DeadReason::GaveUp,
                 attempts: attempt,
                 error,
             }
         }
-        Attempted::FailedForNow { attempt, .. } => Outcome::Park {
+        Attempted::FailedForNow {
+            attempt,
+            retry_after,
+            ..
+        } => Outcome::Park {
             next_attempt: attempt.saturating_add(1),
+            retry_after,
         },
         Attempted::NotReached { attempt } => Outcome::Park {
             next_attempt: attempt,
+            retry_after: None,
         },
     }
 }
@@ -139,20 +154,29 @@ mod tests {
                 Attempted::FailedForNow {
                     attempt: 1,
                     error: e(),
+                    retry_after: None,
                 },
-                Outcome::Park { next_attempt: 2 },
+                Outcome::Park {
+                    next_attempt: 2,
+                    retry_after: None,
+                },
             ),
             (
                 Attempted::FailedForNow {
                     attempt: 4,
                     error: e(),
+                    retry_after: None,
                 },
-                Outcome::Park { next_attempt: 5 },
+                Outcome::Park {
+                    next_attempt: 5,
+                    retry_after: None,
+                },
             ),
             (
                 Attempted::FailedForNow {
                     attempt: 5,
                     error: e(),
+                    retry_after: None,
                 },
                 Outcome::DeadLetter {
                     reason: DeadReason::GaveUp,
@@ -164,6 +188,7 @@ mod tests {
                 Attempted::FailedForNow {
                     attempt: 9,
                     error: e(),
+                    retry_after: None,
                 },
                 Outcome::DeadLetter {
                     reason: DeadReason::GaveUp,
@@ -183,14 +208,18 @@ mod tests {
             assert_eq!(
                 decide(Attempted::NotReached { attempt }, 5),
                 Outcome::Park {
-                    next_attempt: attempt
+                    next_attempt: attempt,
+                    retry_after: None,
                 },
                 "attempt {attempt}"
             );
         }
         assert_eq!(
             decide(Attempted::NotReached { attempt: 1 }, 1),
-            Outcome::Park { next_attempt: 1 },
+            Outcome::Park {
+                next_attempt: 1,
+                retry_after: None,
+            },
             "not even when one attempt is allowed"
         );
     }
@@ -201,7 +230,8 @@ mod tests {
             decide(
                 Attempted::FailedForNow {
                     attempt: 1,
-                    error: e()
+                    error: e(),
+                    retry_after: None,
                 },
                 1
             ),
@@ -209,6 +239,25 @@ mod tests {
                 reason: DeadReason::GaveUp,
                 attempts: 1,
                 error: e()
+            }
+        );
+    }
+
+    #[test]
+    fn the_wait_a_provider_asked_for_goes_with_the_park() {
+        let wait = Some(Duration::from_secs(120));
+        assert_eq!(
+            decide(
+                Attempted::FailedForNow {
+                    attempt: 2,
+                    error: e(),
+                    retry_after: wait,
+                },
+                5
+            ),
+            Outcome::Park {
+                next_attempt: 3,
+                retry_after: wait,
             }
         );
     }

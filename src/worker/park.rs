@@ -11,9 +11,10 @@ use lapin::{BasicProperties, Channel};
 use crate::amqp::{PipelinedPublisher, PublishError, republished};
 use crate::mail::{
     ATTEMPT_HEADER, DEAD_AT_HEADER, DEAD_ATTEMPTS_HEADER, DEAD_ERROR_HEADER, DEAD_REASON_HEADER,
-    DeadReason, MAX_DEAD_ERROR_CHARS, retry_tier_of,
+    DeadReason, MAX_DEAD_ERROR_CHARS,
 };
 use crate::text::truncate;
+use crate::worker::config::RetryTiers;
 
 /// Publishes the requests a worker parks or gives up on.
 #[derive(Clone)]
@@ -22,8 +23,8 @@ pub struct Publisher {
     /// The worker's own broker user; RabbitMQ refuses a publish whose user-id is another.
     user_id: String,
     routing_key: String,
-    /// The routing key of each delay tier, in tier order; never empty.
-    retry_keys: Vec<String>,
+    /// The delay tiers' routing keys and delays.
+    retry_tiers: RetryTiers,
     retry_exchange: String,
     dead_exchange: String,
     timeout: Duration,
@@ -31,14 +32,12 @@ pub struct Publisher {
 
 impl Publisher {
     /// `channels` must be in confirm mode, and not empty: the first takes the publishes,
-    /// the others one only while the same request is in flight on the first. `retry_keys`
-    /// are the delay tiers' routing keys in tier order (none is taken as one tier routed by
-    /// `routing_key`).
+    /// the others one only while the same request is in flight on the first.
     pub fn new(
         channels: Vec<Channel>,
         user_id: &str,
         routing_key: &str,
-        retry_keys: &[String],
+        retry_tiers: RetryTiers,
         retry_exchange: &str,
         dead_exchange: &str,
         timeout: Duration,
@@ -47,10 +46,7 @@ impl Publisher {
             publisher: PipelinedPublisher::new(channels),
             user_id: user_id.to_string(),
             routing_key: routing_key.to_string(),
-            retry_keys: match retry_keys {
-                [] => vec![routing_key.to_string()],
-                keys => keys.to_vec(),
-            },
+            retry_tiers,
             retry_exchange: retry_exchange.to_string(),
             dead_exchange: dead_exchange.to_string(),
             timeout,
@@ -58,15 +54,19 @@ impl Publisher {
     }
 
     /// Puts the request in the delay queue of its tier with its next attempt counted: the
-    /// attempt that failed, `next_attempt - 1`, picks the tier ([`retry_tier_of`]).
+    /// attempt that failed, `next_attempt - 1`, picks the tier, or a later one that waits
+    /// at least `retry_after`, the wait the provider asked for ([`RetryTiers::key_for`]).
     pub async fn park(
         &self,
         original: &BasicProperties,
         body: &[u8],
         next_attempt: u32,
+        retry_after: Option<Duration>,
     ) -> Result<(), PublishError> {
         let ours = [(ATTEMPT_HEADER, AMQPValue::LongLongInt(next_attempt.into()))];
-        let key = self.retry_key(next_attempt.saturating_sub(1));
+        let key = self
+            .retry_tiers
+            .key_for(next_attempt.saturating_sub(1), retry_after);
         self.publisher
             .publish(
                 &self.retry_exchange,
@@ -76,12 +76,6 @@ impl Publisher {
                 self.timeout,
             )
             .await
-    }
-
-    /// The routing key of the tier a request whose attempt `failed_attempt` failed parks in.
-    fn retry_key(&self, failed_attempt: u32) -> &str {
-        let tier = retry_tier_of(failed_attempt, self.retry_keys.len());
-        &self.retry_keys[tier - 1]
     }
 
     /// Publishes the request to the dead-letter exchange with why, and no attempt header.

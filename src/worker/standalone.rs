@@ -3,7 +3,7 @@
 use anyhow::{Result, bail};
 
 use super::Worker;
-use super::config::{Timeouts, amqp_user};
+use super::config::{RetryTiers, Timeouts, amqp_user};
 use crate::amqp::address::with_vhost;
 use crate::manifest::{self, display_name};
 use crate::topology::{self, Management, ManagementEndpoint, Topology};
@@ -65,7 +65,7 @@ pub async fn prepare(
         prefetch: spec.worker.prefetch,
         queue: t.queue.clone(),
         retry_exchange: t.retry_exchange.clone(),
-        retry_keys: t.retry_tier_keys(),
+        retry_tiers: RetryTiers::of_topology(t)?,
         dead_exchange: t.dead_exchange.clone(),
         send_key: t.queue.clone(),
         timeouts: Timeouts::default(),

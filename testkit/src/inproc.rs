@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use mailer::provider::Provider;
 use mailer::telemetry::Health;
-use mailer::worker::config::Timeouts;
+use mailer::worker::config::{RetryTiers, Timeouts};
 use mailer::worker::metrics::WorkerMetrics;
 use mailer::worker::{Worker, WorkerError};
 use prometheus_client::registry::Registry;
@@ -20,16 +20,15 @@ pub struct InProcess {
 
 impl InProcess {
     pub fn start(amqp_url: &str, provider: Arc<dyn Provider>, prefetch: u16) -> Self {
-        Self::start_tiered(amqp_url, provider, prefetch, Vec::new())
+        Self::start_tiered(amqp_url, provider, prefetch, RetryTiers::one("mail.send"))
     }
 
-    /// [`start`](Self::start) for a pipeline of delay tiers routed by `retry_keys`
-    /// (`TopologySpec::retry_tier_keys`; empty for one tier).
+    /// [`start`](Self::start) for a pipeline of delay tiers (`RetryTiers::of_topology`).
     pub fn start_tiered(
         amqp_url: &str,
         provider: Arc<dyn Provider>,
         prefetch: u16,
-        retry_keys: Vec<String>,
+        retry_tiers: RetryTiers,
     ) -> Self {
         let mut registry = Registry::default();
         let metrics = Arc::new(WorkerMetrics::register(&mut registry));
@@ -43,7 +42,7 @@ impl InProcess {
             prefetch,
             queue: "mail.send".into(),
             retry_exchange: "mail.retry".into(),
-            retry_keys,
+            retry_tiers,
             dead_exchange: "mail.dead".into(),
             send_key: "mail.send".into(),
             timeouts: Timeouts::default(),

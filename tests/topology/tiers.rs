@@ -15,6 +15,7 @@ use mailer::provider::{ErrorClass, Provider, SendError};
 use mailer::topology::desired::Binding;
 use mailer::topology::tiers::remove_former_tiers;
 use mailer::topology::{Kept, Removed};
+use mailer::worker::config::RetryTiers;
 use mailer_testkit::broker::{
     confirming_channel, live_count, management, pipeline_of, publish, raw_api, spec_in,
 };
@@ -98,7 +99,7 @@ async fn a_live_tier_change_loses_nothing_and_a_former_tier_goes_once_empty() {
         &vhost.amqp_url(),
         outage.clone(),
         16,
-        three.topology.retry_tier_keys(),
+        RetryTiers::of_topology(&three.topology).expect("valid tiers"),
     );
     let mut published = BTreeSet::new();
     for i in 0..PARKED {
@@ -172,7 +173,7 @@ async fn a_live_tier_change_loses_nothing_and_a_former_tier_goes_once_empty() {
         &amqp_url,
         outage.clone(),
         16,
-        two.topology.retry_tier_keys(),
+        RetryTiers::of_topology(&two.topology).expect("valid tiers"),
     );
     until(
         "every request delivered",

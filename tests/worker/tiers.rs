@@ -1,13 +1,16 @@
 //! Delay tiers end to end: `mailer worker` with `MAIL_RETRY_KEYS` parks a request whose
 //! attempt n failed for now in tier min(n, tiers), and each tier's queue holds it for its
-//! own delay before it comes back.
+//! own delay before it comes back; and with `MAIL_RETRY_DELAYS`, a provider's
+//! `Retry-After` moves a park to the first tier that waits that long.
 
 use std::time::{Duration, Instant};
 
+use lapin::Channel;
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
+use mailer_testkit::api::{Answer, ApiStandIn, Service};
 use mailer_testkit::broker::{confirming_channel, get_within, pipeline_of, publish};
-use mailer_testkit::process::{exit_within, start_worker_with};
+use mailer_testkit::process::{eventually, exit_within, start_worker_with};
 use mailer_testkit::smtp::SmtpServer;
 
 use super::{properties, request, terminate};
@@ -31,29 +34,7 @@ async fn each_attempt_parks_in_its_tier_for_that_tiers_delay() {
     assert_eq!(keys.len(), DELAYS.len());
     let connection = vhost.connect().await;
     let channel = confirming_channel(&connection).await;
-    // A copy of every park: a queue of the test's per tier, bound by the tier's key, so
-    // it gets what the worker publishes to that tier and nothing else.
-    let spies: Vec<String> = (1..=keys.len()).map(|tier| format!("spy.{tier}")).collect();
-    for (spy, key) in spies.iter().zip(&keys) {
-        channel
-            .queue_declare(
-                spy.as_str().into(),
-                QueueDeclareOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("declare a spy queue");
-        channel
-            .queue_bind(
-                spy.as_str().into(),
-                "mail.retry".into(),
-                key.as_str().into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("bind a spy queue");
-    }
+    let spies = spy_on_tiers(&channel, &keys).await;
     publish(
         &channel,
         "mail",
@@ -74,41 +55,7 @@ async fn each_attempt_parks_in_its_tier_for_that_tiers_delay() {
         ],
     );
 
-    let mut parks: Vec<Park> = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while parks.len() < 5 {
-        assert!(
-            Instant::now() < deadline,
-            "five parks within a minute; saw {parks:?}"
-        );
-        for (i, spy) in spies.iter().enumerate() {
-            let got = channel
-                .basic_get(spy.as_str().into(), BasicGetOptions { no_ack: false })
-                .await
-                .expect("basic.get");
-            if let Some(message) = got {
-                let headers = message.delivery.properties.headers().clone();
-                let attempt = headers
-                    .as_ref()
-                    .and_then(|h| h.inner().get("x-mail-attempt").cloned());
-                let Some(AMQPValue::LongLongInt(next_attempt)) = attempt else {
-                    panic!("a park without its attempt: {headers:?}");
-                };
-                parks.push(Park {
-                    tier: i + 1,
-                    next_attempt,
-                    at: Instant::now(),
-                });
-                message
-                    .delivery
-                    .acker
-                    .ack(BasicAckOptions::default())
-                    .await
-                    .expect("ack");
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let parks = parks_seen(&channel, &spies, 5, Duration::from_secs(60)).await;
     let dead = get_within(&channel, "mail.send.dead", Duration::from_secs(30))
         .await
         .expect("given up after its sixth attempt");
@@ -144,4 +91,122 @@ async fn each_attempt_parks_in_its_tier_for_that_tiers_delay() {
         .as_ref()
         .and_then(|h| mailer_testkit::broker::text(h.inner().get("x-mail-dead-reason")));
     assert_eq!(reason.as_deref(), Some("gave-up"));
+}
+
+/// A copy of every park: a queue of the test's per tier, bound by the tier's key, so it
+/// gets what the worker publishes to that tier and nothing else. Returns their names.
+async fn spy_on_tiers(channel: &Channel, keys: &[String]) -> Vec<String> {
+    let spies: Vec<String> = (1..=keys.len()).map(|tier| format!("spy.{tier}")).collect();
+    for (spy, key) in spies.iter().zip(keys) {
+        channel
+            .queue_declare(
+                spy.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare a spy queue");
+        channel
+            .queue_bind(
+                spy.as_str().into(),
+                "mail.retry".into(),
+                key.as_str().into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind a spy queue");
+    }
+    spies
+}
+
+/// Takes `count` parks from the spies, each with its tier and attempt, in the order seen.
+async fn parks_seen(
+    channel: &Channel,
+    spies: &[String],
+    count: usize,
+    within: Duration,
+) -> Vec<Park> {
+    let mut parks: Vec<Park> = Vec::new();
+    let deadline = Instant::now() + within;
+    while parks.len() < count {
+        assert!(
+            Instant::now() < deadline,
+            "{count} parks within {within:?}; saw {parks:?}"
+        );
+        for (i, spy) in spies.iter().enumerate() {
+            let got = channel
+                .basic_get(spy.as_str().into(), BasicGetOptions { no_ack: false })
+                .await
+                .expect("basic.get");
+            if let Some(message) = got {
+                let headers = message.delivery.properties.headers().clone();
+                let attempt = headers
+                    .as_ref()
+                    .and_then(|h| h.inner().get("x-mail-attempt").cloned());
+                let Some(AMQPValue::LongLongInt(next_attempt)) = attempt else {
+                    panic!("a park without its attempt: {headers:?}");
+                };
+                parks.push(Park {
+                    tier: i + 1,
+                    next_attempt,
+                    at: Instant::now(),
+                });
+                message
+                    .delivery
+                    .acker
+                    .ack(BasicAckOptions::default())
+                    .await
+                    .expect("ack");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    parks
+}
+
+#[tokio::test]
+async fn a_retry_after_parks_in_the_first_tier_that_waits_that_long() {
+    let api = ApiStandIn::start(Service::SendGrid).await;
+    let (vhost, spec) = pipeline_of("tiers-retry-after", "retryDelays: [1s, 2s, 4s, 8s]").await;
+    let keys = spec.topology.retry_tier_keys();
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    let spies = spy_on_tiers(&channel, &keys).await;
+    // The first request's first attempt is asked to wait 3 s: tier 3 (4 s) is the first
+    // that waits so long. The second's is asked an hour: longer than every tier, so the
+    // last. Their second attempts are taken.
+    api.answer_next([
+        Answer::new(429, "Too Many Requests").with_header("retry-after", "3"),
+        Answer::new(429, "Too Many Requests").with_header("retry-after", "3600"),
+    ]);
+    let mut worker = start_worker_with(
+        &vhost.amqp_url(),
+        &api.url(),
+        &[
+            ("MAIL_RETRY_KEYS", keys.join(",").as_str()),
+            ("MAIL_RETRY_DELAYS", "1s,2s,4s,8s"),
+            ("MAIL_PREFETCH", "1"),
+        ],
+    );
+    for id in ["waits-3s", "waits-1h"] {
+        publish(
+            &channel,
+            "mail",
+            "mail.send",
+            &request(&["a@example.com"]),
+            properties(id, FieldTable::default()),
+        )
+        .await;
+    }
+    let parks = parks_seen(&channel, &spies, 2, Duration::from_secs(30)).await;
+    let placed: Vec<(i64, usize)> = parks.iter().map(|p| (p.next_attempt, p.tier)).collect();
+    assert_eq!(placed, [(2, 3), (2, 4)], "{parks:?}");
+    eventually(30, "both sent on their second attempt", || async {
+        (api.taken() == 2).then_some(())
+    })
+    .await;
+    assert_eq!(api.requests(), 4, "two 429s, then the two retries");
+    terminate(&worker);
+    assert!(exit_within(&mut worker, Duration::from_secs(30)).success());
 }

@@ -116,6 +116,19 @@ pub fn desired_deployment(
             "MAIL_RETRY_KEYS",
             topology.retry_tier_keys().join(","),
         ));
+        // The tiers' delays, so that a provider's Retry-After can pick a later tier.
+        // Validated before any object is built; a spec that fails here got no workers.
+        if let Ok(delays) = topology.retry_delays() {
+            let delays: Vec<String> = delays
+                .iter()
+                .map(|delay| {
+                    humantime::format_duration(*delay)
+                        .to_string()
+                        .replace(' ', "")
+                })
+                .collect();
+            env.push(plain_env("MAIL_RETRY_DELAYS", delays.join(",")));
+        }
     }
     // Only when set, so a pipeline without it rolls no worker when this field came.
     if let Some(size) = &worker.max_request_size {
@@ -381,6 +394,29 @@ mod tests {
                 ("MAIL_LOG_FORMAT".to_string(), json!("json")),
             ]
         );
+    }
+
+    #[test]
+    fn delay_tiers_pass_their_keys_and_delays_and_one_delay_passes_neither() {
+        let tiers = |yaml: &str| -> Vec<(String, Value)> {
+            env(&deployment(yaml))
+                .into_iter()
+                .filter(|(name, _)| {
+                    name.starts_with("MAIL_RETRY_") && name != "MAIL_RETRY_EXCHANGE"
+                })
+                .collect()
+        };
+        assert_eq!(
+            tiers("topology: {retryDelays: [30s, 300s, 1h30m]}"),
+            [
+                (
+                    "MAIL_RETRY_KEYS".to_string(),
+                    json!("mail.send,mail.send.retry.2,mail.send.retry.3")
+                ),
+                ("MAIL_RETRY_DELAYS".to_string(), json!("30s,5m,1h30m")),
+            ]
+        );
+        assert_eq!(tiers("topology: {retryDelay: 10m}"), []);
     }
 
     #[test]
