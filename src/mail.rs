@@ -69,6 +69,11 @@ pub fn retry_tier_waiting(by_attempt: usize, delays: &[Duration], retry_after: D
         .map_or(delays.len(), |index| index + 1);
     by_attempt.max(long_enough)
 }
+/// The name of the AMQP connection a worker holds open, as its own broker user, while
+/// its provider refuses the key (RabbitMQ shows connection names in the management API):
+/// how the operator learns why the workers are not ready, for the pipeline's
+/// `WorkerReady` condition, without reaching into the pods.
+pub const CREDENTIALS_REFUSED_CONNECTION: &str = "mailer-worker: the provider refuses the key";
 /// The fanout exchange that requests which never will succeed are published to.
 pub const DEAD_EXCHANGE: &str = "mail.dead";
 /// The queue bound to [`DEAD_EXCHANGE`] that keeps dead letters for people to inspect.

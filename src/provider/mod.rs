@@ -22,6 +22,7 @@ pub mod discard;
 pub mod file;
 pub mod http;
 pub mod rate;
+mod refusals;
 pub mod smtp;
 
 use std::fmt;
@@ -73,13 +74,31 @@ pub trait Provider: Send + Sync + fmt::Display + fmt::Debug {
         Duration::ZERO
     }
 
-    /// While the provider cannot be reached (connecting to it keeps failing), when it
-    /// tries again: until then a send fails for now at once, without reaching it. A time
-    /// that has passed means the pause is over and the next send tries (and so probes the
-    /// provider); `None` while it is not paused.
-    fn paused_until(&self) -> Option<Instant> {
+    /// While the provider cannot be reached (connecting to it keeps failing) or refuses
+    /// our credentials, when it tries again: until then a send fails for now at once,
+    /// without reaching it. A time that has passed means the pause is over and the next
+    /// send tries (and so probes the provider); `None` while it is not paused.
+    fn paused(&self) -> Option<Pause> {
         None
     }
+}
+
+/// A provider that takes no sends for a while ([`Provider::paused`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pause {
+    /// When the next send tries again.
+    pub until: Instant,
+    pub cause: PauseCause,
+}
+
+/// Why a provider is paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseCause {
+    /// Connecting to it keeps failing.
+    Unreachable,
+    /// It refused our credentials (an API's 401 or 403): a key that is wrong, revoked or
+    /// not allowed to send. Nothing is sent, and no attempt spent, until one is taken.
+    CredentialsRefused,
 }
 
 /// Whether a send that failed may succeed when tried again.

@@ -11,7 +11,7 @@
 use std::fmt;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::time::Instant as Clock;
 
@@ -125,8 +125,8 @@ impl Provider for RateLimited {
         self.inner.concurrency()
     }
 
-    fn paused_until(&self) -> Option<Instant> {
-        self.inner.paused_until()
+    fn paused(&self) -> Option<super::Pause> {
+        self.inner.paused()
     }
 
     fn longest_wait(&self, waiting: u16) -> Duration {

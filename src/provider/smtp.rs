@@ -473,8 +473,12 @@ impl Provider for SmtpProvider {
         NonZeroUsize::new(self.settings.connections)
     }
 
-    fn paused_until(&self) -> Option<Instant> {
-        self.breaker.paused_until()
+    fn paused(&self) -> Option<super::Pause> {
+        let until = self.breaker.paused_until()?;
+        Some(super::Pause {
+            until,
+            cause: super::PauseCause::Unreachable,
+        })
     }
 }
 

@@ -16,11 +16,12 @@
 //! delivery is started and `/readyz` says not ready; acks keep flowing on the other
 //! connection.
 //!
-//! While the provider cannot be reached ([`Provider::paused_until`]: connecting to it
-//! keeps failing) no new delivery is started either, and `/readyz` says so: the backlog
-//! stays in the queue instead of being parked at the broker's speed. Each time the
-//! provider's pause is over, one delivery is taken while none is in flight: its send
-//! probes the provider, and when it connects the loop takes deliveries as usual again.
+//! While the provider cannot be reached or refuses the key ([`Provider::paused`]) no new
+//! delivery is started either, and `/readyz` says so: the backlog stays in the queue
+//! instead of being parked at the broker's speed. Each time the provider's pause is over,
+//! one delivery is taken while none is in flight: its send probes the provider, and when
+//! it is taken the loop takes deliveries as usual again. While the key is refused the
+//! worker also tells the operator so, through the broker ([`super::signal`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -38,7 +39,8 @@ use super::error::WorkerError;
 use super::links::{self, Events, LinkEvent, Links, Plan};
 use super::metrics::{OutcomeLabel, WorkerMetrics};
 use super::park::Publisher;
-use crate::provider::Provider;
+use super::signal::Signal;
+use crate::provider::{PauseCause, Provider};
 use crate::redact::redact_url;
 use crate::telemetry::Health;
 
@@ -50,9 +52,12 @@ const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
 /// What `/readyz` says while publishing is blocked.
 const BLOCKED: &str =
     "the broker blocks publishing (a memory or disk alarm); no new delivery is started";
-/// What `/readyz` says while the provider is paused.
-const PROVIDER_PAUSED: &str = "the provider cannot be reached (connecting to it keeps failing); \
+/// What `/readyz` says while the provider cannot be reached.
+const PROVIDER_UNREACHABLE: &str = "the provider cannot be reached (connecting to it keeps failing); \
      no new delivery is started but one at a time to probe it";
+/// What `/readyz` says while the provider refuses the key.
+const PROVIDER_REFUSES_KEY: &str = "the provider refuses the key (HTTP 401 or 403): fix it in the provider Secret; \
+     no new delivery is started but one at a time to probe it, and no attempt is spent";
 
 /// What the consume loop needs, resolved and checked.
 pub struct Worker {
@@ -234,7 +239,8 @@ impl Worker {
         info!(broker = %url, queue = %self.queue, provider = %self.provider, prefetch = self.prefetch, "consuming");
         let mut holds = Holds {
             blocked: publish_connection.status().blocked(),
-            provider_paused: self.provider.paused_until().is_some(),
+            provider_paused: self.provider.paused().map(|pause| pause.cause),
+            refused_signal: None,
         };
         holds.show(health, metrics);
 
@@ -254,19 +260,23 @@ impl Worker {
             if in_flight.progressing(bound) {
                 health.beat();
             }
-            let pause = self.provider.paused_until();
-            if pause.is_some() != holds.provider_paused {
-                holds.provider_paused = pause.is_some();
-                if holds.provider_paused {
-                    warn!(provider = %self.provider, "the provider cannot be reached: no new delivery is started but one at a time to probe it, each time its pause is over");
-                } else {
-                    info!(provider = %self.provider, "the provider answers again: taking deliveries");
+            let pause = self.provider.paused();
+            let cause = pause.map(|pause| pause.cause);
+            if cause != holds.provider_paused {
+                holds.provider_paused = cause;
+                match cause {
+                    Some(PauseCause::Unreachable) => warn!(provider = %self.provider, "the provider cannot be reached: no new delivery is started but one at a time to probe it, each time its pause is over"),
+                    Some(PauseCause::CredentialsRefused) => warn!(provider = %self.provider, "the provider refuses the key: no new delivery is started but one at a time to probe it, each time its pause is over"),
+                    None => info!(provider = %self.provider, "the provider takes mail again: taking deliveries"),
                 }
+                holds.refused_signal = (cause == Some(PauseCause::CredentialsRefused))
+                    .then(|| Signal::raise(&self.amqp_url, self.timeouts.connect));
                 holds.show(health, metrics);
             }
             let now = Instant::now();
-            let take = !holds.blocked && probe_due(pause, now, in_flight.is_empty());
-            let resume = pause.filter(|until| *until > now);
+            let until = pause.map(|pause| pause.until);
+            let take = !holds.blocked && probe_due(until, now, in_flight.is_empty());
+            let resume = until.filter(|until| *until > now);
             tokio::select! {
                 biased;
                 () = shutdown.as_mut() => {
@@ -355,21 +365,25 @@ impl Worker {
 struct Holds {
     /// The broker blocks the publishing connection.
     blocked: bool,
-    /// The provider cannot be reached.
-    provider_paused: bool,
+    /// The provider cannot be reached, or refuses the key.
+    provider_paused: Option<PauseCause>,
+    /// Held while the provider refuses the key, so the operator can tell
+    /// ([`super::signal`]).
+    refused_signal: Option<Signal>,
 }
 
 impl Holds {
     /// Marks the worker ready or not, and sets the gauges.
     fn show(&self, health: &Health, metrics: &WorkerMetrics) {
         metrics.set_blocked(self.blocked);
-        metrics.set_provider_paused(self.provider_paused);
-        if self.blocked {
-            health.set_not_ready(BLOCKED);
-        } else if self.provider_paused {
-            health.set_not_ready(PROVIDER_PAUSED);
-        } else {
-            health.set_ready(true);
+        metrics.set_provider_paused(self.provider_paused.is_some());
+        match (self.blocked, self.provider_paused) {
+            (true, _) => health.set_not_ready(BLOCKED),
+            (false, Some(PauseCause::Unreachable)) => health.set_not_ready(PROVIDER_UNREACHABLE),
+            (false, Some(PauseCause::CredentialsRefused)) => {
+                health.set_not_ready(PROVIDER_REFUSES_KEY);
+            }
+            (false, None) => health.set_ready(true),
         }
     }
 }
@@ -455,7 +469,8 @@ mod tests {
         let health = Health::new(Duration::from_secs(60));
         let mut holds = Holds {
             blocked: false,
-            provider_paused: true,
+            provider_paused: Some(PauseCause::Unreachable),
+            refused_signal: None,
         };
         holds.show(&health, &metrics);
         assert!(!health.is_ready());
@@ -474,7 +489,14 @@ mod tests {
         holds.show(&health, &metrics);
         assert_eq!(health.not_ready_because(), BLOCKED, "the alarm says more");
         holds.blocked = false;
-        holds.provider_paused = false;
+        holds.provider_paused = Some(PauseCause::CredentialsRefused);
+        holds.show(&health, &metrics);
+        assert!(
+            health
+                .not_ready_because()
+                .starts_with("the provider refuses the key")
+        );
+        holds.provider_paused = None;
         holds.show(&health, &metrics);
         assert!(health.is_ready());
     }

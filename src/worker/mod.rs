@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod outcome;
 pub mod park;
 pub mod serve;
+pub mod signal;
 pub mod standalone;
 
 pub use consume::Worker;

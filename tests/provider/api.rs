@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use mailer::message::{Mail, parse_request};
-use mailer::provider::{self, ErrorClass, Failure, Provider, SendError};
+use mailer::provider::{self, ErrorClass, Failure, PauseCause, Provider, SendError};
 use mailer_testkit::api::{Answer, ApiStandIn, Received, SECRET, Service};
 use mailer_testkit::smtp::closed_port;
 use serde_json::{Value, json};
@@ -226,22 +226,25 @@ fn documented_errors(service: Service) -> Vec<(Answer, Failure, ErrorClass, &'st
 async fn each_documented_error_maps_to_its_outcome() {
     for service in Service::ALL {
         let stand_in = ApiStandIn::start(service).await;
-        let provider = provider::from_url(&stand_in.url()).expect("the stand-in's URL");
         let errors = documented_errors(service);
         stand_in.answer_next(errors.iter().map(|(answer, ..)| answer.clone()));
         for (n, (answer, failure, class, quoted)) in errors.iter().enumerate() {
+            // A provider each: a refused key pauses the one that got it.
+            let provider = provider::from_url(&stand_in.url()).expect("the stand-in's URL");
             let error = send(provider.as_ref(), &format!("error-{n}"))
                 .await
                 .expect_err("the stand-in answered an error");
             let what = format!("{service:?} {}: {error}", answer.status);
             assert_eq!(error.failure(), *failure, "{what}");
             assert_eq!(error.class(), *class, "{what}");
-            assert!(error.reached(), "{what}");
+            // A refused key spends no attempt; any other answer does.
+            assert_eq!(error.reached(), *class != ErrorClass::Auth, "{what}");
             assert!(error.message().contains(quoted), "{what}");
             assert!(error.message().starts_with(&provider.to_string()), "{what}");
             let retry_after = (answer.status == 429).then_some(Duration::from_secs(7));
             assert_eq!(error.retry_after(), retry_after, "{what}");
         }
+        let provider = provider::from_url(&stand_in.url()).expect("the stand-in's URL");
         send(provider.as_ref(), "after-the-errors")
             .await
             .unwrap_or_else(|e| panic!("{service:?}: {e}"));
@@ -251,6 +254,28 @@ async fn each_documented_error_maps_to_its_outcome() {
         );
         assert_eq!(stand_in.requests(), errors.len() + 1, "{service:?}");
     }
+}
+
+#[tokio::test]
+async fn a_refused_key_pauses_the_provider_until_a_send_is_taken() {
+    let stand_in = ApiStandIn::start(Service::Postmark).await;
+    let provider = provider::from_url(&stand_in.url()).expect("the stand-in's URL");
+    stand_in.answer_next([Answer::new(401, "Unauthorized")]);
+    let refused = send(provider.as_ref(), "refused").await.expect_err("a 401");
+    assert!(!refused.reached() && refused.class() == ErrorClass::Auth, "{refused}");
+    let pause = provider.paused().expect("paused by the refusal");
+    assert_eq!(pause.cause, PauseCause::CredentialsRefused);
+    // While paused, a send fails at once and never reaches the provider.
+    let fast = send(provider.as_ref(), "while-paused").await.expect_err("paused");
+    assert!(!fast.reached() && fast.message().contains("HTTP 401"), "{fast}");
+    assert_eq!(stand_in.requests(), 1, "the paused send reached nobody");
+    // Once the pause is over, a send tries; the stand-in takes it, and the pause ends.
+    tokio::time::sleep_until(pause.until.into()).await;
+    send(provider.as_ref(), "after-the-pause")
+        .await
+        .expect("taken once the key is accepted again");
+    assert_eq!(provider.paused(), None);
+    assert_eq!(stand_in.requests(), 2);
 }
 
 #[tokio::test]

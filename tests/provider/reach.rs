@@ -17,7 +17,7 @@ fn smtp(port: u16, options: &str) -> std::sync::Arc<dyn Provider> {
 async fn refused_connects_and_the_pause_after_them_never_reach_the_server_until_it_answers() {
     let port = closed_port();
     let provider = smtp(port, "&timeout=5s");
-    assert_eq!(provider.paused_until(), None);
+    assert_eq!(provider.paused().map(|pause| pause.until), None);
     for n in 0..5 {
         let error = provider
             .send(mail(&["a@example.com"], &format!("refused-{n}")))
@@ -26,9 +26,9 @@ async fn refused_connects_and_the_pause_after_them_never_reach_the_server_until_
         assert!(!error.reached(), "send {n}: {error}");
         assert_eq!(error.class(), ErrorClass::Connect, "send {n}: {error}");
     }
-    let until = provider
-        .paused_until()
-        .expect("paused after 3 refused connects");
+    let pause = provider.paused().expect("paused after 3 refused connects");
+    assert_eq!(pause.cause, mailer::provider::PauseCause::Unreachable);
+    let until = pause.until;
 
     // The server comes back; once the pause is over the next send tries, and connects.
     let server = SmtpServer::start_on(port, TempDir::new("smtp"));
@@ -37,7 +37,7 @@ async fn refused_connects_and_the_pause_after_them_never_reach_the_server_until_
         .send(mail(&["a@example.com"], "probe"))
         .await
         .expect("the probe connects");
-    assert_eq!(provider.paused_until(), None, "no longer paused");
+    assert_eq!(provider.paused().map(|pause| pause.until), None, "no longer paused");
     assert_eq!(server.mails().len(), 1);
 }
 

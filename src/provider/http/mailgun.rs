@@ -127,6 +127,7 @@ impl fmt::Debug for MailgunProvider {
 impl Provider for MailgunProvider {
     fn send(&self, mail: Mail) -> BoxFuture<'_, Result<(), SendError>> {
         Box::pin(async move {
+            self.api.gate()?;
             let (content_type, body) = self.form(mail)?;
             let request = self
                 .api
@@ -137,5 +138,9 @@ impl Provider for MailgunProvider {
                 .body(body);
             self.api.outcome(request, read).await
         })
+    }
+
+    fn paused(&self) -> Option<crate::provider::Pause> {
+        self.api.paused()
     }
 }

@@ -28,11 +28,12 @@ pub mod sendgrid;
 pub mod ses;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use url::Url;
 
-use super::{ErrorClass, Provider, ProviderUrlError, SendError};
+use super::refusals::{Change, Refusals};
+use super::{ErrorClass, Pause, Provider, ProviderUrlError, SendError};
 use crate::redact::MASK;
 use crate::text::truncate;
 
@@ -178,6 +179,8 @@ pub struct Api {
     client: reqwest::Client,
     /// What errors name: the scheme and the region or domain, never the key.
     shown: String,
+    /// Pauses sends while the provider refuses the key.
+    refusals: Refusals,
 }
 
 impl Api {
@@ -205,16 +208,55 @@ impl Api {
         let client = builder
             .build()
             .map_err(|e| invalid(url, format!("cannot build an HTTP client ({e})")))?;
-        Ok(Self { client, shown })
+        Ok(Self {
+            client,
+            shown,
+            refusals: Refusals::default(),
+        })
     }
 
     pub fn client(&self) -> &reqwest::Client {
         &self.client
     }
 
+    /// Whether a send may go to the provider now: not while it refuses the key (see
+    /// [`crate::provider::refusals`]); then the send fails for now without reaching it.
+    /// Checked before the mail is built.
+    pub fn gate(&self) -> Result<(), SendError> {
+        self.refusals.gate(Instant::now())
+    }
+
+    /// While the provider refuses the key, until when.
+    pub fn paused(&self) -> Option<Pause> {
+        self.refusals.paused()
+    }
+
     /// Sends `request` and maps its answer to the send's outcome. `read` reads what the
-    /// provider said in an error's headers and body.
+    /// provider said in an error's headers and body. A refused key (401, 403) pauses the
+    /// provider and spends no attempt.
     pub async fn outcome(
+        &self,
+        request: reqwest::RequestBuilder,
+        read: fn(&reqwest::header::HeaderMap, &[u8]) -> Said,
+    ) -> Result<(), SendError> {
+        let answer = self.answer(request, read).await;
+        let (result, change) = self.refusals.answered(Instant::now(), answer);
+        match (change, &result) {
+            (Some(Change::Paused(pause)), Err(error)) => tracing::warn!(
+                provider = %self.shown,
+                "{error}; the provider refuses the key: no mail is sent (and no attempt spent) for {}, then one send tries again. Fix the key in the provider Secret",
+                humantime::format_duration(pause)
+            ),
+            (Some(Change::Resumed), _) => {
+                tracing::info!(provider = %self.shown, "the provider takes the key again: sending as usual");
+            }
+            _ => {}
+        }
+        result
+    }
+
+    /// [`outcome`](Self::outcome) of one request, as the provider answered it.
+    async fn answer(
         &self,
         request: reqwest::RequestBuilder,
         read: fn(&reqwest::header::HeaderMap, &[u8]) -> Said,

@@ -137,6 +137,7 @@ impl fmt::Debug for PostmarkProvider {
 impl Provider for PostmarkProvider {
     fn send(&self, mail: Mail) -> BoxFuture<'_, Result<(), SendError>> {
         Box::pin(async move {
+            self.api.gate()?;
             let body = self.request_body(mail)?;
             let request = self
                 .api
@@ -148,5 +149,9 @@ impl Provider for PostmarkProvider {
                 .body(body);
             self.api.outcome(request, read).await
         })
+    }
+
+    fn paused(&self) -> Option<crate::provider::Pause> {
+        self.api.paused()
     }
 }

@@ -149,6 +149,7 @@ impl fmt::Debug for SendGridProvider {
 impl Provider for SendGridProvider {
     fn send(&self, mail: Mail) -> BoxFuture<'_, Result<(), SendError>> {
         Box::pin(async move {
+            self.api.gate()?;
             let body = self.request_body(mail)?;
             let request = self
                 .api
@@ -159,5 +160,9 @@ impl Provider for SendGridProvider {
                 .body(body);
             self.api.outcome(request, read).await
         })
+    }
+
+    fn paused(&self) -> Option<crate::provider::Pause> {
+        self.api.paused()
     }
 }

@@ -202,6 +202,7 @@ impl fmt::Debug for SesProvider {
 impl Provider for SesProvider {
     fn send(&self, mail: Mail) -> BoxFuture<'_, Result<(), SendError>> {
         Box::pin(async move {
+            self.api.gate()?;
             let body = self.request_body(mail)?;
             let signature = self.signature(&body, SystemTime::now())?;
             let mut request = self
@@ -214,5 +215,9 @@ impl Provider for SesProvider {
             }
             self.api.outcome(request.body(body), read).await
         })
+    }
+
+    fn paused(&self) -> Option<crate::provider::Pause> {
+        self.api.paused()
     }
 }
