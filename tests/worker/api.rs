@@ -1,6 +1,7 @@
 //! `mailer worker` sending through an HTTP API's stand-in ([`mailer_testkit::api`]): its
 //! answers parked or dead-lettered as the outcome table says, and `MAIL_RATE_LIMIT`
-//! holding the rate without parking or spending an attempt.
+//! holding the rate without parking or spending an attempt; a refused key holding the
+//! mail without spending an attempt, and saying so.
 
 use std::time::Duration;
 
@@ -160,6 +161,89 @@ async fn the_rate_limit_holds_within_ten_percent_and_spends_no_attempt() {
     assert_eq!(ready(&channel, "mail.send.retry").await, 0);
     assert_eq!(ready(&channel, "mail.send.dead").await, 0);
     assert_eq!(api.problems(), Vec::<String>::new());
+    terminate(&worker);
+    assert!(exit_within(&mut worker, Duration::from_secs(30)).success());
+}
+
+/// A key the API refuses (twice, then takes): the worker takes no more mail while it is
+/// refused, spends no attempt (with `MAIL_MAX_ATTEMPTS=1` a spent one would give the mail
+/// up), says why on `/readyz`, and holds the connection that tells the operator; once the
+/// key is taken, every mail is sent and both go.
+#[tokio::test]
+async fn a_refused_key_holds_the_mail_spends_no_attempt_and_says_so() {
+    const MAILS: usize = 3;
+    let api = ApiStandIn::start(Service::SendGrid).await;
+    let vhost = pipeline("api-refused-key").await;
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    api.answer_next([
+        Answer::new(401, json!({"errors": [{"message": "The provided authorization grant is invalid, expired, or revoked"}]}).to_string()),
+        Answer::new(401, "Unauthorized"),
+    ]);
+    for n in 0..MAILS {
+        publish(
+            &channel,
+            "mail",
+            "mail.send",
+            &request(&["a@example.com"]),
+            properties(&format!("held-{n}"), FieldTable::default()),
+        )
+        .await;
+    }
+    let port = free_port();
+    let http_addr = format!("127.0.0.1:{port}");
+    let mut worker = start_worker_with(
+        &vhost.amqp_url(),
+        &api.url(),
+        &[
+            ("MAIL_MAX_ATTEMPTS", "1"),
+            ("MAIL_PREFETCH", "1"),
+            ("MAIL_HTTP_ADDR", &http_addr),
+        ],
+    );
+    let management = mailer_testkit::broker::management();
+    let signalled = || async {
+        management
+            .connection_names(&vhost.name, "guest")
+            .await
+            .expect("the vhost's connections")
+            .iter()
+            .any(|name| name == mailer::mail::CREDENTIALS_REFUSED_CONNECTION)
+    };
+    eventually(20, "/readyz says the provider refuses the key", || async {
+        http_get(port, "/readyz").filter(|(status, body)| {
+            *status == 503 && body.contains("the provider refuses the key")
+        })
+    })
+    .await;
+    eventually(20, "the connection that tells the operator", || async {
+        signalled().await.then_some(())
+    })
+    .await;
+    assert_eq!(api.taken(), 0, "nothing is sent while the key is refused");
+
+    eventually(60, "every mail sent once the key is taken", || async {
+        (api.taken() == MAILS).then_some(())
+    })
+    .await;
+    assert_eq!(
+        api.requests(),
+        MAILS + 2,
+        "one send at a time probed the refusing API"
+    );
+    assert_eq!(
+        ready(&channel, "mail.send.dead").await,
+        0,
+        "no attempt was spent: nothing given up"
+    );
+    eventually(20, "ready again", || async {
+        http_get(port, "/readyz").filter(|(status, _)| *status == 200)
+    })
+    .await;
+    eventually(20, "the telling connection closed", || async {
+        (!signalled().await).then_some(())
+    })
+    .await;
     terminate(&worker);
     assert!(exit_within(&mut worker, Duration::from_secs(30)).success());
 }

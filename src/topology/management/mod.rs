@@ -7,6 +7,7 @@
 //! What this client keeps for a while (definitions, markers, open policy batches) is
 //! defined beside what reads it, so nothing it holds imports it back.
 
+mod connections;
 mod endpoint;
 mod errors;
 pub mod markers;
@@ -238,7 +239,18 @@ impl Management {
         segments: &[&str],
         action: &str,
     ) -> Result<Option<T>, TopologyError> {
-        let (status, body) = self.get(segments).await?;
+        self.get_json_with(segments, &[], action).await
+    }
+
+    /// [`get_json`](Self::get_json) with `query`'s parameters (e.g. `columns`, which
+    /// lists answer with only the fields named).
+    pub(super) async fn get_json_with<T: serde::de::DeserializeOwned>(
+        &self,
+        segments: &[&str],
+        query: &[(&str, &str)],
+        action: &str,
+    ) -> Result<Option<T>, TopologyError> {
+        let (status, body) = self.get_with(segments, query).await?;
         if status == 404 {
             return Ok(None);
         }
@@ -283,9 +295,20 @@ impl Management {
         &self,
         segments: &[&str],
     ) -> Result<(u16, reqwest::Result<bytes::Bytes>), TopologyError> {
+        self.get_with(segments, &[]).await
+    }
+
+    async fn get_with(
+        &self,
+        segments: &[&str],
+        query: &[(&str, &str)],
+    ) -> Result<(u16, reqwest::Result<bytes::Bytes>), TopologyError> {
         let mut url = self.endpoint.api.clone();
         if let Ok(mut path) = url.path_segments_mut() {
             path.extend(segments);
+        }
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
         }
         self.read(async {
             let response = self
