@@ -35,6 +35,7 @@ local needs_a_person = {
   QueueNotEmpty = true,          -- a rename or vhost change would strand mail
   PolicyShadowed = true,         -- another policy applies to a queue instead of ours
   CleanupIncomplete = true,      -- a deleted pipeline left something in RabbitMQ
+  ProviderRefusesKey = true,     -- the mail provider refuses the workers' key
 }
 
 local function condition(conditions, wanted)

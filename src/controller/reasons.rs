@@ -19,6 +19,10 @@ pub const ALL_READY: &str = "AllReady";
 pub const WORKERS_NOT_READY: &str = "WorkersNotReady";
 /// `WorkerReady=False`: `spec.worker.autoscaling` is set but KEDA is not installed.
 pub const AUTOSCALING_UNAVAILABLE: &str = "AutoscalingUnavailable";
+/// `WorkerReady=False`: the workers' provider refuses their key (an API's 401 or 403);
+/// they send nothing, and spend no attempt, until it takes it. Told by the workers
+/// through the broker (`crate::worker::signal`).
+pub const PROVIDER_REFUSES_KEY: &str = "ProviderRefusesKey";
 /// `Ready=True`: the pipeline sends mail.
 pub const READY: &str = "Ready";
 /// `TopologyReady=False` on a deleted pipeline, just before it goes: its cleanup left
@@ -35,6 +39,7 @@ pub const STATE_REASONS: &[&str] = &[
     SCALED_TO_ZERO,
     ALL_READY,
     WORKERS_NOT_READY,
+    PROVIDER_REFUSES_KEY,
     AUTOSCALING_UNAVAILABLE,
     READY,
     CLEANUP_INCOMPLETE,

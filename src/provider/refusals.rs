@@ -122,7 +122,10 @@ mod tests {
     use super::*;
 
     fn refused() -> Result<(), SendError> {
-        Err(SendError::for_now(ErrorClass::Auth, "api: HTTP 401 Unauthorized"))
+        Err(SendError::for_now(
+            ErrorClass::Auth,
+            "api: HTTP 401 Unauthorized",
+        ))
     }
 
     #[test]
@@ -146,10 +149,16 @@ mod tests {
         // Once over, one send tries; a second refusal doubles the pause.
         let later = start + FIRST_PAUSE;
         assert_eq!(refusals.gate(later), Ok(()));
-        assert!(refusals.gate(later).is_err(), "the others wait for the probe");
+        assert!(
+            refusals.gate(later).is_err(),
+            "the others wait for the probe"
+        );
         let (_, change) = refusals.answered(later, refused());
         assert_eq!(change, None, "still paused: no new line");
-        assert_eq!(refusals.paused().map(|p| p.until), Some(later + 2 * FIRST_PAUSE));
+        assert_eq!(
+            refusals.paused().map(|p| p.until),
+            Some(later + 2 * FIRST_PAUSE)
+        );
 
         // A send that is taken ends the pause.
         let (result, change) = refusals.answered(later, Ok(()));

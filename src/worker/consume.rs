@@ -265,9 +265,15 @@ impl Worker {
             if cause != holds.provider_paused {
                 holds.provider_paused = cause;
                 match cause {
-                    Some(PauseCause::Unreachable) => warn!(provider = %self.provider, "the provider cannot be reached: no new delivery is started but one at a time to probe it, each time its pause is over"),
-                    Some(PauseCause::CredentialsRefused) => warn!(provider = %self.provider, "the provider refuses the key: no new delivery is started but one at a time to probe it, each time its pause is over"),
-                    None => info!(provider = %self.provider, "the provider takes mail again: taking deliveries"),
+                    Some(PauseCause::Unreachable) => {
+                        warn!(provider = %self.provider, "the provider cannot be reached: no new delivery is started but one at a time to probe it, each time its pause is over")
+                    }
+                    Some(PauseCause::CredentialsRefused) => {
+                        warn!(provider = %self.provider, "the provider refuses the key: no new delivery is started but one at a time to probe it, each time its pause is over")
+                    }
+                    None => {
+                        info!(provider = %self.provider, "the provider takes mail again: taking deliveries")
+                    }
                 }
                 holds.refused_signal = (cause == Some(PauseCause::CredentialsRefused))
                     .then(|| Signal::raise(&self.amqp_url, self.timeouts.connect));

@@ -29,10 +29,14 @@ impl Signal {
             match connect(&url, CREDENTIALS_REFUSED_CONNECTION, timeout).await {
                 Ok(connection) => {
                     let _ = dropped.await;
-                    let _ = connection.close(200, "the provider takes the key".into()).await;
+                    let _ = connection
+                        .close(200, "the provider takes the key".into())
+                        .await;
                     debug!("closed the connection that said the provider refuses the key");
                 }
-                Err(e) => warn!(error = %e, "could not tell the operator that the provider refuses the key"),
+                Err(e) => {
+                    warn!(error = %e, "could not tell the operator that the provider refuses the key")
+                }
             }
         });
         Self { _held: held }

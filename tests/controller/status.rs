@@ -1,6 +1,7 @@
 //! Honest status and events: drift is only what changed behind the operator's back, its
 //! own status writes trigger no reconcile, and `DeadLettersGrew` is told at most once per
-//! resync interval.
+//! resync interval; workers whose provider refuses their key are told apart from
+//! workers that are merely not ready.
 
 use std::time::Duration;
 
@@ -8,8 +9,10 @@ use futures::StreamExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::reflector;
 use lapin::BasicProperties;
+use mailer::amqp::connect;
 use mailer::controller::runtime::index::{Guarded, ReferenceIndex};
 use mailer::controller::runtime::watch::pipeline_triggers;
+use mailer::mail::CREDENTIALS_REFUSED_CONNECTION;
 use mailer::spec::MailerPipeline;
 use serde_json::json;
 
@@ -144,4 +147,77 @@ async fn own_status_writes_trigger_no_reconcile() {
     );
     api.delete("shop", &DeleteParams::default()).await.unwrap();
     assert_eq!(next_generation().await.0, Some(3), "deletion is a trigger");
+}
+
+/// The WorkerReady reason of the stored pipeline, and its message.
+fn worker_ready(h: &Harness, name: &str) -> (String, String) {
+    let status = h.pipeline(name).status.expect("a status");
+    let condition = status
+        .condition(mailer::spec::WORKER_READY)
+        .expect("WorkerReady")
+        .clone();
+    (condition.reason, condition.message)
+}
+
+/// Workers whose provider refuses their key tell it through the broker, as their own
+/// user; while they are not ready, the status names it (ProviderRefusesKey, with the
+/// Secret to fix) instead of WorkersNotReady. The same connection name from another user
+/// of the vhost tells nothing.
+#[tokio::test]
+async fn workers_whose_provider_refuses_their_key_are_told_apart() {
+    let h = harness();
+    let (name, _users) = unique_pipeline("refused");
+    let vhost = TestVhost::fresh("controller-refused-key");
+    connection_secret(&h, &secret_uri());
+    h.seed_secret("mail-api", &[("url", "sendgrid://:key@api.sendgrid.com")]);
+    let spec = PipelineSpec::new()
+        .vhost(&vhost.name)
+        .worker(json!({"provider": {"urlSecretKeyRef": {"name": "mail-api", "key": "url"}}}))
+        .build();
+    h.seed_pipeline(&name, spec, true);
+    h.reconcile(&name).await.0.expect("the pipeline is built");
+    // The Deployment asks for a worker; none is ready (no kubelet runs it).
+    assert_eq!(worker_ready(&h, &name).0, "WorkersNotReady");
+
+    // Another user's connection of that name tells nothing about these workers.
+    let other = connect(
+        &vhost.amqp_url(),
+        CREDENTIALS_REFUSED_CONNECTION,
+        Duration::from_secs(10),
+    )
+    .await
+    .expect("the test's own connection");
+    let workers_url = h.secret_value(&format!("{name}-worker-amqp"), "url");
+    let telling = connect(
+        &workers_url,
+        CREDENTIALS_REFUSED_CONNECTION,
+        Duration::from_secs(10),
+    )
+    .await
+    .expect("a connection as the workers' user");
+    let (_, message) = eventually(30, "ProviderRefusesKey", || async {
+        h.reconcile(&name).await.0.expect("a reconcile");
+        let (reason, message) = worker_ready(&h, &name);
+        (reason == "ProviderRefusesKey").then_some((reason, message))
+    })
+    .await;
+    assert!(
+        message.contains("refuses the key") && message.contains("key url of Secret mail-api"),
+        "{message}"
+    );
+    let ready = h.pipeline(&name).status.expect("a status");
+    let ready = ready.condition(mailer::spec::READY).expect("Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "ProviderRefusesKey")
+    );
+
+    // The key is taken again: the workers close that connection.
+    let _ = telling.close(200, "taken".into()).await;
+    eventually(30, "WorkersNotReady again", || async {
+        h.reconcile(&name).await.0.expect("a reconcile");
+        (worker_ready(&h, &name).0 == "WorkersNotReady").then_some(())
+    })
+    .await;
+    let _ = other.close(200, "done".into()).await;
 }

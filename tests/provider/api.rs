@@ -262,12 +262,20 @@ async fn a_refused_key_pauses_the_provider_until_a_send_is_taken() {
     let provider = provider::from_url(&stand_in.url()).expect("the stand-in's URL");
     stand_in.answer_next([Answer::new(401, "Unauthorized")]);
     let refused = send(provider.as_ref(), "refused").await.expect_err("a 401");
-    assert!(!refused.reached() && refused.class() == ErrorClass::Auth, "{refused}");
+    assert!(
+        !refused.reached() && refused.class() == ErrorClass::Auth,
+        "{refused}"
+    );
     let pause = provider.paused().expect("paused by the refusal");
     assert_eq!(pause.cause, PauseCause::CredentialsRefused);
     // While paused, a send fails at once and never reaches the provider.
-    let fast = send(provider.as_ref(), "while-paused").await.expect_err("paused");
-    assert!(!fast.reached() && fast.message().contains("HTTP 401"), "{fast}");
+    let fast = send(provider.as_ref(), "while-paused")
+        .await
+        .expect_err("paused");
+    assert!(
+        !fast.reached() && fast.message().contains("HTTP 401"),
+        "{fast}"
+    );
     assert_eq!(stand_in.requests(), 1, "the paused send reached nobody");
     // Once the pause is over, a send tries; the stand-in takes it, and the pause ends.
     tokio::time::sleep_until(pause.until.into()).await;

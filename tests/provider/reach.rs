@@ -37,7 +37,11 @@ async fn refused_connects_and_the_pause_after_them_never_reach_the_server_until_
         .send(mail(&["a@example.com"], "probe"))
         .await
         .expect("the probe connects");
-    assert_eq!(provider.paused().map(|pause| pause.until), None, "no longer paused");
+    assert_eq!(
+        provider.paused().map(|pause| pause.until),
+        None,
+        "no longer paused"
+    );
     assert_eq!(server.mails().len(), 1);
 }
 

@@ -49,6 +49,9 @@ pub struct Findings<'a> {
     /// `None` when the broker could not be asked.
     pub queues: Option<QueueDepths>,
     pub worker_user: Option<String>,
+    /// While the workers say their provider refuses their key: where the key is, e.g.
+    /// `key url of Secret smtp`.
+    pub provider_refuses_key: Option<String>,
 }
 
 /// The status `findings` call for; `previous` only lends the transition times of
@@ -114,6 +117,14 @@ pub fn desired_status(
             true,
             reasons::ALL_READY.to_string(),
             format!("{ready_workers} of {desired} workers are ready"),
+        )
+    } else if let Some(key) = &findings.provider_refuses_key {
+        (
+            false,
+            reasons::PROVIDER_REFUSES_KEY.to_string(),
+            format!(
+                "{ready_workers} of {desired} workers are ready: their provider refuses the key (HTTP 401 or 403). Nothing is sent and no attempt is spent: mail waits in the send queue. Fix the {key}; the workers restart when it changes"
+            ),
         )
     } else {
         (
@@ -228,6 +239,7 @@ mod tests {
                 retry_by_tier: None,
             }),
             worker_user: Some("mailer-worker.prod.shop".into()),
+            provider_refuses_key: None,
         }
     }
 
@@ -270,6 +282,33 @@ mod tests {
                 .message
                 .contains("kubectl describe deployment shop-worker")
         );
+
+        let refused = Findings {
+            provider_refuses_key: Some("key url of Secret smtp".into()),
+            ..findings(Some(&d), TopologyOutcome::Ready)
+        };
+        let s = desired_status(None, &refused, at(10));
+        let ready = s.condition(READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "ProviderRefusesKey")
+        );
+        assert!(
+            ready.message.contains("refuses the key")
+                && ready.message.contains("Fix the key url of Secret smtp"),
+            "{}",
+            ready.message
+        );
+        let all_ready = deployment(2);
+        let s = desired_status(
+            None,
+            &Findings {
+                deployment: Some(&all_ready),
+                ..refused.clone()
+            },
+            at(10),
+        );
+        assert!(s.is_true(WORKER_READY), "ready workers are not held back");
 
         let failed = TopologyOutcome::Failed {
             reason: "MissingSecretKey".into(),

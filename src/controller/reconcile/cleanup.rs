@@ -145,6 +145,7 @@ async fn report_left_behind(
         deployment_name: &deployment_name,
         queues: None,
         worker_user: previous.and_then(|s| s.worker_user.clone()),
+        provider_refuses_key: None,
     };
     let status = desired_status(previous, &findings, Timestamp::now());
     let api: Api<MailerPipeline> = Api::namespaced(ctx.client.clone(), &key.namespace);

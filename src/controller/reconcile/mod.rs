@@ -124,6 +124,7 @@ async fn steps(
     key: &PipelineKey,
     owned: Owned,
 ) -> Result<Converged, Error> {
+    let workers_short = workers_short(owned.deployment.as_ref());
     // 1. resolve
     let resolved = resolve::resolve(ctx, pipeline, key, owned).await?;
     // 2. validate
@@ -135,15 +136,20 @@ async fn steps(
     // 5. apply
     let (applied, autoscaling) = apply::apply(ctx, &valid, &resolved, &desired, &claimed).await?;
     // 6. observe, at most every `queue_depth_interval`; in between the status keeps the last.
-    let observed = match ctx.queue_depths_due(key) {
+    let management = &valid.broker.management;
+    let mut observed = match ctx.queue_depths_due(key) {
         true => {
-            let management = &valid.broker.management;
             let spec = &valid.spec.topology;
             let draining = &applied.draining;
             observe::observe(management, &desired.topology, spec, draining).await
         }
         false => Observed::NOT_READ,
     };
+    // Every time while workers are short, so the reason shows with their readiness.
+    let worker_user = &desired.credentials.username;
+    let vhost = &desired.topology.vhost;
+    observed.provider_key =
+        observe::provider_key(management, vhost, worker_user, workers_short).await;
     Ok(Converged {
         applied,
         autoscaling,
@@ -151,6 +157,24 @@ async fn steps(
         worker_user: desired.credentials.username.clone(),
         rabbitmq: Requests::default(),
     })
+}
+
+/// Whether the worker Deployment has fewer ready workers than it asks for.
+fn workers_short(deployment: Option<&k8s_openapi::api::apps::v1::Deployment>) -> bool {
+    let Some(deployment) = deployment else {
+        return false;
+    };
+    let asked = deployment
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.replicas)
+        .unwrap_or(1);
+    let ready = deployment
+        .status
+        .as_ref()
+        .and_then(|status| status.ready_replicas)
+        .unwrap_or(0);
+    ready < asked
 }
 
 /// Reconciles a pipeline as the root watch read it: one that could not be deserialized

@@ -3,18 +3,19 @@
 
 use futures::future::try_join_all;
 
-use crate::mail::retry_tier_number;
+use crate::mail::{CREDENTIALS_REFUSED_CONNECTION, retry_tier_number};
 use crate::spec::{QueueDepths, RetryTierDepth, TopologySpec};
 use crate::topology::desired::{policy_name, retry_tiers};
 use crate::topology::effective::{POLICY_REPORT_LAG, QueuePolicy, Shadowing, shadowing};
 use crate::topology::{Management, QueueDepth, Topology};
 
-/// What observing the queues found.
+/// What observing the queues and the workers found.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observed {
     /// `None` when they were not read this time, or could not be.
     pub queues: Option<QueueDepths>,
     pub policies: PolicyCheck,
+    pub provider_key: KeyCheck,
 }
 
 impl Observed {
@@ -22,7 +23,47 @@ impl Observed {
     pub const NOT_READ: Observed = Observed {
         queues: None,
         policies: PolicyCheck::NotChecked,
+        provider_key: KeyCheck::NotChecked,
     };
+}
+
+/// Whether the workers' provider refuses their key, as the workers tell it
+/// ([`crate::worker::signal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyCheck {
+    /// Not known this time: the status keeps what it last showed.
+    NotChecked,
+    Refused,
+    /// Not refused, or every worker is ready (then nothing is read).
+    NotRefused,
+}
+
+/// Whether the workers' provider refuses their key: read from the broker (the
+/// connections of `worker_user` in `vhost`) only while `workers_short` (some workers are
+/// not ready), so a pipeline whose workers are ready costs no request for it.
+pub async fn provider_key(
+    management: &Management,
+    vhost: &str,
+    worker_user: &str,
+    workers_short: bool,
+) -> KeyCheck {
+    if !workers_short {
+        return KeyCheck::NotRefused;
+    }
+    match management.connection_names(vhost, worker_user).await {
+        Ok(names)
+            if names
+                .iter()
+                .any(|name| name == CREDENTIALS_REFUSED_CONNECTION) =>
+        {
+            KeyCheck::Refused
+        }
+        Ok(_) => KeyCheck::NotRefused,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the workers' connections");
+            KeyCheck::NotChecked
+        }
+    }
 }
 
 /// Whether the pipeline's policies apply to its queues as written (RabbitMQ applies
@@ -81,6 +122,7 @@ pub async fn observe(
                 return Observed {
                     queues: Some(depths),
                     policies: PolicyCheck::NotChecked,
+                    provider_key: KeyCheck::NotChecked,
                 };
             }
         };
@@ -93,6 +135,7 @@ pub async fn observe(
     Observed {
         queues: Some(depths),
         policies: PolicyCheck::Checked(shadowed),
+        provider_key: KeyCheck::NotChecked,
     }
 }
 

@@ -20,8 +20,8 @@ use crate::controller::objects::status::{
 };
 use crate::controller::reasons::{self, event};
 use crate::controller::reconcile::Converged;
-use crate::controller::reconcile::observe::PolicyCheck;
-use crate::spec::{MailerPipeline, MailerPipelineStatus, READY, TOPOLOGY_READY};
+use crate::controller::reconcile::observe::{KeyCheck, PolicyCheck};
+use crate::spec::{MailerPipeline, MailerPipelineStatus, READY, TOPOLOGY_READY, WORKER_READY};
 use crate::topology::desired::POLICY_PRIORITY;
 
 /// Writes the status `outcome` calls for, sets the gauges and publishes the events.
@@ -47,6 +47,11 @@ pub async fn report(
             deployment_name: &worker_deployment,
             queues: done.observed.queues.clone(),
             worker_user: Some(done.worker_user.clone()),
+            provider_refuses_key: provider_key_outcome(
+                pipeline,
+                done.observed.provider_key,
+                previous,
+            ),
         },
         Err(e) => Findings {
             generation: pipeline.metadata.generation,
@@ -66,6 +71,7 @@ pub async fn report(
             deployment_name: &worker_deployment,
             queues: None,
             worker_user: previous.and_then(|s| s.worker_user.clone()),
+            provider_refuses_key: None,
         },
     };
     let status = desired_status(previous, &findings, Timestamp::now());
@@ -130,6 +136,29 @@ fn policies_outcome(
                 message: c.message.clone(),
             }),
     }
+}
+
+/// Where the key the workers' provider refuses is, while it refuses it: as checked, or
+/// when not checked this time, as last found.
+fn provider_key_outcome(
+    pipeline: &MailerPipeline,
+    check: KeyCheck,
+    previous: Option<&MailerPipelineStatus>,
+) -> Option<String> {
+    let refused = match check {
+        KeyCheck::Refused => true,
+        KeyCheck::NotRefused => false,
+        KeyCheck::NotChecked => previous
+            .and_then(|p| p.condition(WORKER_READY))
+            .is_some_and(|c| c.reason == reasons::PROVIDER_REFUSES_KEY),
+    };
+    refused.then(|| match &pipeline.spec.worker.provider {
+        Some(provider) => {
+            let selector = &provider.url_secret_key_ref;
+            format!("key {} of Secret {}", selector.key, selector.name)
+        }
+        None => "provider URL".to_string(),
+    })
 }
 
 async fn publish_events(
