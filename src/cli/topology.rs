@@ -84,7 +84,8 @@ pub async fn run(
                 }
                 let live_url = live_url(endpoint, amqp_url, &desired.vhost)?;
                 let removal = topology::tiers::remove_former_tiers;
-                let report = removal(management, &desired.vhost, spec, &live_url).await?;
+                let live = EmptinessCheck::Live(&live_url);
+                let report = removal(management, &desired.vhost, spec, live).await?;
                 anyhow::Ok(topology::tiers::describe(&report))
             }
         });
@@ -127,11 +128,22 @@ async fn delete(
     };
     let policy = pipeline.spec.topology.deletion_policy;
     let report = topology::delete(management, desired, policy, check).await?;
+    // The queues of tiers the spec no longer has (kept while they held parked requests)
+    // are the pipeline's too.
+    let former = match policy {
+        DeletionPolicy::Delete => {
+            let spec = &pipeline.spec.topology;
+            topology::tiers::remove_former_tiers(management, vhost, spec, check).await?
+        }
+        DeletionPolicy::Retain => topology::DeleteReport::default(),
+    };
     println!("{name} (vhost {vhost:?}, deletionPolicy {policy:?}):");
-    if policy == DeletionPolicy::Delete && report.removed.is_empty() && report.kept.is_empty() {
+    let nothing =
+        |report: &topology::DeleteReport| report.removed.is_empty() && report.kept.is_empty();
+    if policy == DeletionPolicy::Delete && nothing(&report) && nothing(&former) {
         println!("  nothing to remove");
     }
-    for line in report.to_string().lines() {
+    for line in report.to_string().lines().chain(former.to_string().lines()) {
         println!("  {line}");
     }
     Ok(())

@@ -92,6 +92,7 @@ impl fmt::Display for DeleteReport {
 }
 
 /// How delete decides whether a queue holds messages.
+#[derive(Debug, Clone, Copy)]
 pub enum EmptinessCheck<'a> {
     /// Ask the broker over AMQP (a passive declare), which is live.
     Live(&'a str),

@@ -17,15 +17,15 @@ use super::management::{Management, QueueDepth};
 use crate::mail::{MAX_RETRY_TIERS, retry_tier_queue};
 use crate::spec::TopologySpec;
 
-/// Removes the empty delay queues of `spec`'s former tiers in `vhost`, counting their
-/// messages live over `amqp_url`; the report says what went and what was kept. It costs
-/// a read of each name a former tier may have (9 for one tier), and no more when there
-/// is none.
+/// Removes the empty delay queues of `spec`'s former tiers in `vhost`, emptiness as
+/// `check` says (counted live over AMQP, or forced by `mailer topology delete --force`);
+/// the report says what went and what was kept. It costs a read of each name a former
+/// tier may have (9 for one tier), and no more when there is none.
 pub async fn remove_former_tiers(
     management: &Management,
     vhost: &str,
     spec: &TopologySpec,
-    amqp_url: &str,
+    check: EmptinessCheck<'_>,
 ) -> Result<DeleteReport, TopologyError> {
     let queues: Vec<String> = former_tiers(management, vhost, spec)
         .await?
@@ -41,7 +41,7 @@ pub async fn remove_former_tiers(
         queues,
         ..Removal::default()
     };
-    delete_named(management, &removal, EmptinessCheck::Live(amqp_url)).await
+    delete_named(management, &removal, check).await
 }
 
 /// The delay queues of `spec`'s former tiers that exist in `vhost`, with their depths as

@@ -44,7 +44,8 @@ pub async fn prepare(
     );
     let amqp_url = with_vhost(amqp_url, &desired.vhost).map_err(anyhow::Error::msg)?;
     let t = &spec.topology;
-    let former = topology::tiers::remove_former_tiers(&management, &desired.vhost, t, &amqp_url);
+    let live = topology::EmptinessCheck::Live(&amqp_url);
+    let former = topology::tiers::remove_former_tiers(&management, &desired.vhost, t, live);
     for line in topology::tiers::describe(&former.await?) {
         println!("{line}");
     }

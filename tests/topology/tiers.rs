@@ -12,12 +12,13 @@ use futures::future::BoxFuture;
 use lapin::BasicProperties;
 use mailer::message::Mail;
 use mailer::provider::{ErrorClass, Provider, SendError};
+use mailer::topology::EmptinessCheck;
 use mailer::topology::desired::Binding;
 use mailer::topology::tiers::remove_former_tiers;
 use mailer::topology::{Kept, Removed};
 use mailer::worker::config::RetryTiers;
 use mailer_testkit::broker::{
-    confirming_channel, live_count, management, pipeline_of, publish, raw_api, spec_in,
+    TestVhost, confirming_channel, live_count, management, pipeline_of, publish, raw_api, spec_in,
 };
 use mailer_testkit::inproc::InProcess;
 
@@ -140,9 +141,14 @@ async fn a_live_tier_change_loses_nothing_and_a_former_tier_goes_once_empty() {
     );
     let amqp_url = vhost.amqp_url();
     let m = management();
-    let report = remove_former_tiers(&m, &vhost.name, &two.topology, &amqp_url)
-        .await
-        .expect("former tiers");
+    let report = remove_former_tiers(
+        &m,
+        &vhost.name,
+        &two.topology,
+        EmptinessCheck::Live(&amqp_url),
+    )
+    .await
+    .expect("former tiers");
     assert!(report.removed.is_empty(), "{report}");
     assert!(
         report
@@ -187,9 +193,14 @@ async fn a_live_tier_change_loses_nothing_and_a_former_tier_goes_once_empty() {
     assert_eq!(live_count(&connection, GOING).await, Some(0));
 
     // Empty now: the next apply removes it, with its policy; then there is nothing left.
-    let report = remove_former_tiers(&m, &vhost.name, &two.topology, &amqp_url)
-        .await
-        .expect("former tiers");
+    let report = remove_former_tiers(
+        &m,
+        &vhost.name,
+        &two.topology,
+        EmptinessCheck::Live(&amqp_url),
+    )
+    .await
+    .expect("former tiers");
     assert_eq!(
         report.removed,
         [
@@ -214,4 +225,51 @@ async fn a_live_tier_change_loses_nothing_and_a_former_tier_goes_once_empty() {
     for queue in ["mail.send.retry", "mail.send.retry.2"] {
         assert_eq!(live_count(&connection, queue).await, Some(0), "{queue}");
     }
+}
+
+/// `mailer topology delete` removes the queue of a tier the spec no longer has too (kept
+/// by an apply while it held parked requests), by the same rule as the others: only once
+/// it is empty.
+#[tokio::test]
+async fn topology_delete_removes_a_former_tiers_queue_once_it_is_empty() {
+    let vhost = TestVhost::fresh("tiers-delete");
+    let three = "retryDelays: [1s, 2s, 1h], deletionPolicy: Delete";
+    let two = "retryDelays: [1s, 2s], deletionPolicy: Delete";
+    let (code, out, err) = topology_cli("apply", &vhost.name, three);
+    assert_eq!(code, 0, "{out}{err}");
+    let connection = vhost.connect().await;
+    let channel = confirming_channel(&connection).await;
+    let properties = BasicProperties::default()
+        .with_message_id("parked".into())
+        .with_delivery_mode(2);
+    publish(&channel, "mail.retry", GOING, b"{}", properties).await;
+    let (code, out, err) = topology_cli("apply", &vhost.name, two);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("kept queue mail.send.retry.3"), "{out}");
+
+    let (code, out, err) = topology_cli("delete", &vhost.name, two);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(&format!("kept queue {GOING}")), "{out}");
+    assert_eq!(live_count(&connection, GOING).await, Some(1), "{out}");
+    assert_eq!(
+        live_count(&connection, "mail.send.retry.2").await,
+        None,
+        "{out}"
+    );
+
+    channel
+        .queue_purge(GOING.into(), lapin::options::QueuePurgeOptions::default())
+        .await
+        .expect("purge");
+    let (code, out, err) = topology_cli("delete", &vhost.name, two);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(&format!("removed queue {GOING}")), "{out}");
+    assert_eq!(live_count(&connection, GOING).await, None, "{out}");
+    assert!(
+        raw_api()
+            .get_policy(&vhost.name, "mailer.mail.send.retry.3")
+            .await
+            .is_err(),
+        "its policy went with it"
+    );
 }
