@@ -52,10 +52,31 @@ impl Refusals {
         Ok(())
     }
 
-    /// What a send that went to the provider got: a refusal of our credentials starts or
-    /// lengthens the pause and is returned as not reached; anything else ends a pause.
-    /// Also whether this started a pause or ended one (worth a line).
+    /// What a send that went to `provider` got: a refusal of our credentials starts or
+    /// lengthens the pause and is returned as not reached; anything else ends a pause. A
+    /// line says when a pause starts or ends.
     pub(super) fn answered(
+        &self,
+        provider: &dyn std::fmt::Display,
+        result: Result<(), SendError>,
+    ) -> Result<(), SendError> {
+        let (result, change) = self.note(Instant::now(), result);
+        match (change, &result) {
+            (Some(Change::Paused(pause)), Err(error)) => tracing::warn!(
+                %provider,
+                "{error}; the provider refuses the key: no mail is sent (and no attempt spent) for {}, then one send tries again. Fix the key in the provider Secret",
+                humantime::format_duration(pause)
+            ),
+            (Some(Change::Resumed), _) => {
+                tracing::info!(%provider, "the provider takes the key again: sending as usual");
+            }
+            _ => {}
+        }
+        result
+    }
+
+    /// [`answered`](Self::answered) at `now`, and whether it started or ended a pause.
+    fn note(
         &self,
         now: Instant,
         result: Result<(), SendError>,
@@ -103,7 +124,7 @@ impl Refusals {
 
 /// What an answer changed, to be logged once rather than per send.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Change {
+enum Change {
     Paused(Duration),
     Resumed,
 }
@@ -133,7 +154,7 @@ mod tests {
         let refusals = Refusals::default();
         let start = Instant::now();
         assert_eq!(refusals.gate(start), Ok(()));
-        let (result, change) = refusals.answered(start, refused());
+        let (result, change) = refusals.note(start, refused());
         let error = result.unwrap_err();
         assert!(!error.reached(), "a refused key spends no attempt");
         assert_eq!(change, Some(Change::Paused(FIRST_PAUSE)));
@@ -153,7 +174,7 @@ mod tests {
             refusals.gate(later).is_err(),
             "the others wait for the probe"
         );
-        let (_, change) = refusals.answered(later, refused());
+        let (_, change) = refusals.note(later, refused());
         assert_eq!(change, None, "still paused: no new line");
         assert_eq!(
             refusals.paused().map(|p| p.until),
@@ -161,7 +182,7 @@ mod tests {
         );
 
         // A send that is taken ends the pause.
-        let (result, change) = refusals.answered(later, Ok(()));
+        let (result, change) = refusals.note(later, Ok(()));
         assert_eq!(result, Ok(()));
         assert_eq!(change, Some(Change::Resumed));
         assert_eq!(refusals.paused(), None);
@@ -172,7 +193,7 @@ mod tests {
     fn other_failures_neither_pause_nor_change_their_attempt() {
         let refusals = Refusals::default();
         let busy = SendError::for_now(ErrorClass::TemporaryReply, "api: HTTP 503");
-        let (result, change) = refusals.answered(Instant::now(), Err(busy.clone()));
+        let (result, change) = refusals.note(Instant::now(), Err(busy.clone()));
         assert_eq!(result, Err(busy));
         assert_eq!(change, None);
         assert_eq!(refusals.paused(), None);

@@ -32,6 +32,7 @@ pub use settings::{
     SmtpSettings,
 };
 
+use super::refusals::Refusals;
 use super::{ErrorClass, Failure, Provider, ProviderUrlError, SendError};
 use crate::message::{Mail, Rendered};
 
@@ -56,6 +57,8 @@ pub struct SmtpProvider {
     permits: Semaphore,
     /// Pauses connecting while the server cannot be reached.
     breaker: ConnectBreaker,
+    /// Pauses sending while the server refuses our login.
+    refusals: Refusals,
 }
 
 struct PooledConnection {
@@ -115,6 +118,7 @@ impl SmtpProvider {
             hello,
             idle: Mutex::new(Vec::new()),
             breaker: ConnectBreaker::default(),
+            refusals: Refusals::default(),
         })
     }
 
@@ -127,20 +131,25 @@ impl SmtpProvider {
     /// deadline, so a slow server makes queued sends wait their turn rather than time out
     /// before they ever connect. A send cut at the deadline before a session was opened
     /// did not reach the server.
+    /// A login the server refuses (class `auth`) pauses sending as an API's refused key
+    /// does ([`super::refusals`]): no attempt spent, no mail given up.
     async fn send_mail(&self, mail: Mail, limit: Option<Duration>) -> Result<(), SendError> {
         let _permit = self.permits.acquire().await.map_err(|_| {
             SendError::for_now(ErrorClass::Io, format!("{self}: the provider is shut down"))
         })?;
+        self.refusals.gate(Instant::now())?;
         let mut reached = false;
         let sending = self.send_on_connection(mail, &mut reached);
-        let Some(limit) = limit else {
-            return sending.await;
+        let sent = match limit {
+            None => sending.await,
+            Some(limit) => tokio::time::timeout(limit, sending)
+                .await
+                .unwrap_or_else(|_| {
+                    let error = SendError::past_deadline(self, limit);
+                    Err(if reached { error } else { error.not_reached() })
+                }),
         };
-        let sent = tokio::time::timeout(limit, sending).await;
-        sent.unwrap_or_else(|_| {
-            let error = SendError::past_deadline(self, limit);
-            Err(if reached { error } else { error.not_reached() })
-        })
+        self.refusals.answered(self, sent)
     }
 
     /// [`send_mail`](Self::send_mail) once it holds a permit; `reached` is set while it
@@ -474,11 +483,11 @@ impl Provider for SmtpProvider {
     }
 
     fn paused(&self) -> Option<super::Pause> {
-        let until = self.breaker.paused_until()?;
-        Some(super::Pause {
+        let unreachable = self.breaker.paused_until().map(|until| super::Pause {
             until,
             cause: super::PauseCause::Unreachable,
-        })
+        });
+        unreachable.or_else(|| self.refusals.paused())
     }
 }
 

@@ -162,7 +162,6 @@ async fn a_450_then_a_550_recipient_fails_for_good_and_sends_nothing() {
 #[tokio::test]
 async fn a_5xx_to_the_session_fails_for_now_so_a_misconfigured_relay_dead_letters_nothing() {
     let server = SmtpServer::start();
-    let provider = server.provider("");
     let cases = [
         ("noreply+530@shop.example", ErrorClass::Auth, "530 5.7.0"),
         (
@@ -172,6 +171,8 @@ async fn a_5xx_to_the_session_fails_for_now_so_a_misconfigured_relay_dead_letter
         ),
     ];
     for (from, class, reply) in cases {
+        // A provider each: a refused login pauses the one that got it.
+        let provider = server.provider("");
         let error = provider
             .send(mail_from(from, &["ok@example.com"], "session"))
             .await
@@ -179,6 +180,14 @@ async fn a_5xx_to_the_session_fails_for_now_so_a_misconfigured_relay_dead_letter
         assert!(!error.is_for_good(), "{error}");
         assert_eq!(error.class(), class, "{error}");
         assert!(error.to_string().contains(reply), "{error}");
+        // A refused login spends no attempt and pauses sending; the others do neither.
+        let auth = class == ErrorClass::Auth;
+        assert_eq!(error.reached(), !auth, "{error}");
+        assert_eq!(
+            provider.paused().map(|pause| pause.cause),
+            auth.then_some(mailer::provider::PauseCause::CredentialsRefused),
+            "{error}"
+        );
     }
     assert!(server.mails().is_empty());
 }

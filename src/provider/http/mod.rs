@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use url::Url;
 
-use super::refusals::{Change, Refusals};
+use super::refusals::Refusals;
 use super::{ErrorClass, Pause, Provider, ProviderUrlError, SendError};
 use crate::redact::MASK;
 use crate::text::truncate;
@@ -240,19 +240,7 @@ impl Api {
         read: fn(&reqwest::header::HeaderMap, &[u8]) -> Said,
     ) -> Result<(), SendError> {
         let answer = self.answer(request, read).await;
-        let (result, change) = self.refusals.answered(Instant::now(), answer);
-        match (change, &result) {
-            (Some(Change::Paused(pause)), Err(error)) => tracing::warn!(
-                provider = %self.shown,
-                "{error}; the provider refuses the key: no mail is sent (and no attempt spent) for {}, then one send tries again. Fix the key in the provider Secret",
-                humantime::format_duration(pause)
-            ),
-            (Some(Change::Resumed), _) => {
-                tracing::info!(provider = %self.shown, "the provider takes the key again: sending as usual");
-            }
-            _ => {}
-        }
-        result
+        self.refusals.answered(&self.shown, answer)
     }
 
     /// [`outcome`](Self::outcome) of one request, as the provider answered it.
