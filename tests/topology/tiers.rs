@@ -141,14 +141,13 @@ async fn a_live_tier_change_loses_nothing_and_a_former_tier_goes_once_empty() {
     );
     let amqp_url = vhost.amqp_url();
     let m = management();
-    let report = remove_former_tiers(
-        &m,
-        &vhost.name,
-        &two.topology,
-        EmptinessCheck::Live(&amqp_url),
-    )
-    .await
-    .expect("former tiers");
+    let former_tiers = async || {
+        let live = EmptinessCheck::Live(&amqp_url);
+        remove_former_tiers(&m, &vhost.name, &two.topology, live)
+            .await
+            .expect("former tiers")
+    };
+    let report = former_tiers().await;
     assert!(report.removed.is_empty(), "{report}");
     assert!(
         report
@@ -193,14 +192,7 @@ async fn a_live_tier_change_loses_nothing_and_a_former_tier_goes_once_empty() {
     assert_eq!(live_count(&connection, GOING).await, Some(0));
 
     // Empty now: the next apply removes it, with its policy; then there is nothing left.
-    let report = remove_former_tiers(
-        &m,
-        &vhost.name,
-        &two.topology,
-        EmptinessCheck::Live(&amqp_url),
-    )
-    .await
-    .expect("former tiers");
+    let report = former_tiers().await;
     assert_eq!(
         report.removed,
         [

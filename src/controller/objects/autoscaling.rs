@@ -82,11 +82,28 @@ pub enum Autoscaling {
 pub fn desired_workers(pipeline: &MailerPipeline, live: Option<&Deployment>) -> i32 {
     match &pipeline.spec.worker.autoscaling {
         None => pipeline.spec.worker.replicas,
-        Some(_) => live
-            .and_then(|d| d.spec.as_ref())
-            .and_then(|s| s.replicas)
-            .unwrap_or(1),
+        Some(_) => live.map_or(1, asked_workers),
     }
+}
+
+/// The workers a Deployment asks for: its `spec.replicas`, Kubernetes' default of 1 when
+/// nothing set it.
+pub fn asked_workers(deployment: &Deployment) -> i32 {
+    deployment
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.replicas)
+        .unwrap_or(1)
+}
+
+/// Whether the worker Deployment has fewer ready workers than it asks for.
+pub fn workers_short(deployment: &Deployment) -> bool {
+    let ready = deployment
+        .status
+        .as_ref()
+        .and_then(|status| status.ready_replicas)
+        .unwrap_or(0);
+    ready < asked_workers(deployment)
 }
 
 #[cfg(test)]
@@ -94,6 +111,25 @@ mod tests {
     use super::*;
 
     use crate::controller::fixtures::pipeline;
+
+    #[test]
+    fn workers_are_short_while_fewer_are_ready_than_asked_for() {
+        let deployment = |asked: Option<i32>, ready: Option<i32>| Deployment {
+            spec: Some(k8s_openapi::api::apps::v1::DeploymentSpec {
+                replicas: asked,
+                ..Default::default()
+            }),
+            status: Some(k8s_openapi::api::apps::v1::DeploymentStatus {
+                ready_replicas: ready,
+                ..Default::default()
+            }),
+            ..Deployment::default()
+        };
+        assert!(workers_short(&deployment(Some(2), Some(1))));
+        assert!(workers_short(&deployment(None, None)), "1 asked by default");
+        assert!(!workers_short(&deployment(Some(2), Some(2))));
+        assert!(!workers_short(&deployment(Some(0), None)), "scaled to zero");
+    }
 
     #[test]
     fn the_scaled_object_scales_the_workers_by_the_send_queue() {

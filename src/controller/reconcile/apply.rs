@@ -17,7 +17,7 @@ use crate::controller::error::Error;
 use crate::controller::kube::keda::apis;
 use crate::controller::kube::ssa::{apply_if_changed, ensure_ours};
 use crate::controller::objects::autoscaling::{
-    Autoscaling, desired_scaled_object, desired_trigger_authentication,
+    Autoscaling, asked_workers, desired_scaled_object, desired_trigger_authentication,
 };
 use crate::controller::objects::deployment::{SECRETS_HASH_ANNOTATION, deployment_name};
 use crate::controller::objects::status::unchanged_spec;
@@ -306,11 +306,7 @@ fn rolled_out(deployment: &Deployment) -> bool {
     let Some(status) = &deployment.status else {
         return false;
     };
-    let wanted = deployment
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.replicas)
-        .unwrap_or(1);
+    let wanted = asked_workers(deployment);
     let updated = status.updated_replicas.unwrap_or(0);
     status.observed_generation >= deployment.metadata.generation
         && updated >= wanted

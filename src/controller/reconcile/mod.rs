@@ -42,7 +42,7 @@ use kube::{Resource, ResourceExt};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::key::PipelineKey;
-use crate::controller::objects::autoscaling::Autoscaling;
+use crate::controller::objects::autoscaling::{Autoscaling, workers_short};
 use crate::controller::objects::worker_secret::generate_password;
 use crate::controller::reasons::event;
 use crate::spec::MailerPipeline;
@@ -124,7 +124,7 @@ async fn steps(
     key: &PipelineKey,
     owned: Owned,
 ) -> Result<Converged, Error> {
-    let workers_short = workers_short(owned.deployment.as_ref());
+    let workers_short = owned.deployment.as_ref().is_some_and(workers_short);
     // 1. resolve
     let resolved = resolve::resolve(ctx, pipeline, key, owned).await?;
     // 2. validate
@@ -157,24 +157,6 @@ async fn steps(
         worker_user: desired.credentials.username.clone(),
         rabbitmq: Requests::default(),
     })
-}
-
-/// Whether the worker Deployment has fewer ready workers than it asks for.
-fn workers_short(deployment: Option<&k8s_openapi::api::apps::v1::Deployment>) -> bool {
-    let Some(deployment) = deployment else {
-        return false;
-    };
-    let asked = deployment
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.replicas)
-        .unwrap_or(1);
-    let ready = deployment
-        .status
-        .as_ref()
-        .and_then(|status| status.ready_replicas)
-        .unwrap_or(0);
-    ready < asked
 }
 
 /// Reconciles a pipeline as the root watch read it: one that could not be deserialized
