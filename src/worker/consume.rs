@@ -141,6 +141,13 @@ impl InFlight {
 }
 
 impl Worker {
+    /// The connection that tells the operator the provider refuses the key, while
+    /// `cause` says it does ([`super::signal`]).
+    fn refused_signal(&self, cause: Option<PauseCause>) -> Option<Signal> {
+        (cause == Some(PauseCause::CredentialsRefused))
+            .then(|| Signal::raise(&self.amqp_url, self.timeouts.connect))
+    }
+
     /// Consumes until `shutdown` resolves (then returns `Ok` once in-flight deliveries are
     /// settled) or until something fails that a restart may fix (then `Err`). A lost
     /// connection is not such a failure: what was in flight is abandoned (the broker
@@ -237,10 +244,13 @@ impl Worker {
         });
         let url = redact_url(&self.amqp_url);
         info!(broker = %url, queue = %self.queue, provider = %self.provider, prefetch = self.prefetch, "consuming");
+        // A provider still paused from before a reconnect holds the loop (and is told)
+        // from the start.
+        let paused = self.provider.paused().map(|pause| pause.cause);
         let mut holds = Holds {
             blocked: publish_connection.status().blocked(),
-            provider_paused: self.provider.paused().map(|pause| pause.cause),
-            refused_signal: None,
+            provider_paused: paused,
+            refused_signal: self.refused_signal(paused),
         };
         holds.show(health, metrics);
 
@@ -275,8 +285,7 @@ impl Worker {
                         info!(provider = %self.provider, "the provider takes mail again: taking deliveries")
                     }
                 }
-                holds.refused_signal = (cause == Some(PauseCause::CredentialsRefused))
-                    .then(|| Signal::raise(&self.amqp_url, self.timeouts.connect));
+                holds.refused_signal = self.refused_signal(cause);
                 holds.show(health, metrics);
             }
             let now = Instant::now();
