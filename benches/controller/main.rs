@@ -44,6 +44,10 @@
 //! the controller starts, and prints the controller's first pass against it: the
 //! command's time over the controller's (issue 25's target: at least 0.8). It is a
 //! fair comparison with `MAILER_BENCH_VHOSTS=1`, where both fill one vhost.
+//! `MAILER_BENCH_POLICIES_AHEAD=1` (with a broker) makes the pipelines' vhosts and imports
+//! all their policies, as the command writes them, before the controller starts, and
+//! prints how long that took: the first pass then finds its policies written, which
+//! shows what writing a vhost's policies ahead of its queues would give the controller.
 //! `MAILER_BENCH_FIRST_PASS_ONLY=1` stops after the first pass.
 //! `MAILER_BENCH_FIRST_PASS_LIMIT` (seconds, 1800) is how long the first pass may take:
 //! then its figures are printed as they stand (how many pipelines have a status, and the
@@ -123,6 +127,8 @@ struct Sizes {
     /// Whether the topology command's first apply of the same pipelines is timed too.
     command: bool,
     first_pass_only: bool,
+    /// Whether the pipelines' policies are imported before the controller starts.
+    policies_ahead: bool,
     /// How long the first pass may take before the figures are taken as they stand.
     first_pass_limit: Duration,
 }
@@ -139,6 +145,7 @@ async fn run() -> Result<()> {
         vhosts: count("MAILER_BENCH_VHOSTS", 10)?.max(1),
         command: switched_on("MAILER_BENCH_COMMAND"),
         first_pass_only: switched_on("MAILER_BENCH_FIRST_PASS_ONLY"),
+        policies_ahead: switched_on("MAILER_BENCH_POLICIES_AHEAD"),
         first_pass_limit: Duration::from_secs(count("MAILER_BENCH_FIRST_PASS_LIMIT", 1800)? as u64),
     };
     let address = broker_address()?;
@@ -363,6 +370,10 @@ async fn measure(sizes: &Sizes, broker: Option<&(Proxy, &str)>) -> Result<()> {
         Some(_) if sizes.command => Some(command_first_apply(address, pipelines).await?),
         _ => None,
     };
+    let ahead = match broker {
+        Some(_) if sizes.policies_ahead => Some(policies_ahead(address, sizes).await?),
+        _ => None,
+    };
     taken(&fake);
 
     // 1. The first pass.
@@ -421,6 +432,16 @@ async fn measure(sizes: &Sizes, broker: Option<&(Proxy, &str)>) -> Result<()> {
             command.as_secs_f64(),
             took.as_secs_f64() / command.as_secs_f64(),
             verdict(share >= COMMAND_SHARE_TARGET)
+        );
+    }
+    if let (Some(command), Some(ahead)) = (command, ahead) {
+        let with_ahead = took + ahead;
+        println!(
+            "  with the policies' import ahead of it ({:.1}s): {:.1}s against the command's {:.1}s, {:.2} of its speed",
+            ahead.as_secs_f64(),
+            with_ahead.as_secs_f64(),
+            command.as_secs_f64(),
+            command.as_secs_f64() / with_ahead.as_secs_f64()
         );
     }
     // Reconciles the first pass causes itself (its own writes seen by its watches, or
@@ -642,6 +663,52 @@ async fn command_first_apply(address: &str, pipelines: usize) -> Result<Duration
         "  (its vhost deleted in {:.1}s; load average {})",
         deleting.elapsed().as_secs_f64(),
         load_average()
+    );
+    Ok(took)
+}
+
+/// Makes the pipelines' vhosts and imports every pipeline's policies into its vhost, as
+/// the command writes them (in parts), timed.
+async fn policies_ahead(address: &str, sizes: &Sizes) -> Result<Duration> {
+    use mailer::topology::{Management, ManagementEndpoint};
+    let endpoint = ManagementEndpoint::parse(&format!("http://guest:guest@{address}"))?;
+    let management = Management::new(&endpoint)?;
+    let capabilities = management.capabilities().await?;
+    let api = rabbitmq_http_client::api::Client::new(
+        format!("http://{address}/api"),
+        "guest".to_string(),
+        "guest".to_string(),
+    );
+    let started = Instant::now();
+    let mut policies = 0;
+    for v in 0..sizes.vhosts {
+        let vhost = format!("{VHOST_PREFIX}{v}");
+        api.create_vhost(&rabbitmq_http_client::requests::VirtualHostParams {
+            name: &vhost,
+            description: None,
+            tags: None,
+            default_queue_type: None,
+            tracing: false,
+        })
+        .await
+        .with_context(|| format!("create vhost {vhost}"))?;
+        api.grant_full_permissions("guest", &vhost)
+            .await
+            .with_context(|| format!("grant guest permissions on {vhost}"))?;
+        let topologies: Vec<_> = (0..sizes.pipelines)
+            .filter(|i| i % sizes.vhosts == v)
+            .flat_map(|i| mailer_testkit::many::topologies(&vhost, i..i + 1, capabilities))
+            .collect();
+        let wanted: Vec<_> = topologies.iter().flat_map(|t| t.policies.iter()).collect();
+        policies += wanted.len();
+        let imported = management.import_policies(&vhost, &wanted).await?;
+        anyhow::ensure!(imported, "guest may not import definitions");
+    }
+    let took = started.elapsed();
+    println!(
+        "  the pipelines' {policies} policies imported ahead into their {} vhosts in {:.1}s",
+        sizes.vhosts,
+        took.as_secs_f64()
     );
     Ok(took)
 }
