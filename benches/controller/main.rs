@@ -33,7 +33,29 @@
 //! parameters; the workers' users are given, so none is claimed) are deleted at the end,
 //! also when the run fails.
 //!
-//! The controller runs as shipped: no environment variable tunes its allocator.
+//! For the first pass it prints the time and objects per second (12 per pipeline), the
+//! reconciles per pipeline (more than one each is work the first pass caused itself, by
+//! its own writes or by failures), and the requests per pipeline to either API, counted
+//! once the reconciles have settled (no new one for 3 s after the last status).
+//!
+//! `MAILER_BENCH_COMMAND=1` (with a broker) first times what `mailer topology apply -f`
+//! does with a file of the same pipelines (`topology::apply_all`, as the topology
+//! benchmark measures it) into a fresh vhost of its own on the same broker, deleted before
+//! the controller starts, and prints the controller's first pass against it: the
+//! command's time over the controller's (issue 25's target: at least 0.8). It is a
+//! fair comparison with `MAILER_BENCH_VHOSTS=1`, where both fill one vhost.
+//! `MAILER_BENCH_POLICIES_AHEAD=1` (with a broker) makes the pipelines' vhosts and imports
+//! all their policies, as the command writes them, before the controller starts, and
+//! prints how long that took: the first pass then finds its policies written, which
+//! shows what writing a vhost's policies ahead of its queues would give the controller.
+//! `MAILER_BENCH_FIRST_PASS_ONLY=1` stops after the first pass.
+//! `MAILER_BENCH_FIRST_PASS_LIMIT` (seconds, 1800) is how long the first pass may take:
+//! then its figures are printed as they stand (how many pipelines have a status, and the
+//! ratio to the command as a bound), and the run ends there.
+//!
+//! The controller logs errors only (to the bench's stderr); `MAILER_BENCH_CONTROLLER_LOG`
+//! is its `RUST_LOG` instead, e.g. `warn`. It runs as shipped: no environment variable
+//! tunes its allocator.
 
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -52,6 +74,14 @@ const MEMORY_TARGET_MIB: f64 = 64.0;
 const RESTART_TARGET: Duration = Duration::from_secs(60);
 const NS: &str = "bench";
 const VHOST_PREFIX: &str = "mailer-bench-controller-";
+/// The vhost of the topology command's apply, with `MAILER_BENCH_COMMAND=1`.
+const COMMAND_VHOST: &str = "mailer-bench-controller-command";
+/// Issue 25's target for the first pass in one vhost: at least this share of the
+/// topology command's speed at the same N.
+const COMMAND_SHARE_TARGET: f64 = 0.8;
+/// How long the reconcile count must stay the same after the first pass for it to count
+/// as settled.
+const SETTLED_AFTER: Duration = Duration::from_secs(3);
 
 /// The management API of the broker `MAILER_BENCH_BROKER` names, if any.
 fn broker_address() -> Result<Option<&'static str>> {
@@ -94,6 +124,17 @@ struct Sizes {
     pipelines: usize,
     secrets: usize,
     vhosts: usize,
+    /// Whether the topology command's first apply of the same pipelines is timed too.
+    command: bool,
+    first_pass_only: bool,
+    /// Whether the pipelines' policies are imported before the controller starts.
+    policies_ahead: bool,
+    /// How long the first pass may take before the figures are taken as they stand.
+    first_pass_limit: Duration,
+}
+
+fn switched_on(var: &str) -> bool {
+    matches!(std::env::var(var).as_deref(), Ok("1" | "true" | "yes"))
 }
 
 async fn run() -> Result<()> {
@@ -102,6 +143,10 @@ async fn run() -> Result<()> {
         pipelines: count("MAILER_BENCH_PIPELINES", 1000)?,
         secrets: count("MAILER_BENCH_SECRETS", 10_000)?,
         vhosts: count("MAILER_BENCH_VHOSTS", 10)?.max(1),
+        command: switched_on("MAILER_BENCH_COMMAND"),
+        first_pass_only: switched_on("MAILER_BENCH_FIRST_PASS_ONLY"),
+        policies_ahead: switched_on("MAILER_BENCH_POLICIES_AHEAD"),
+        first_pass_limit: Duration::from_secs(count("MAILER_BENCH_FIRST_PASS_LIMIT", 1800)? as u64),
     };
     let address = broker_address()?;
     let broker = match address {
@@ -197,7 +242,10 @@ impl Controller {
             ])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "error")
+            .env(
+                "RUST_LOG",
+                std::env::var("MAILER_BENCH_CONTROLLER_LOG").unwrap_or_else(|_| "error".into()),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -229,6 +277,27 @@ impl Controller {
             return (0, 0);
         };
         mailer_testkit::reconciles::reconciles_in(&body)
+    }
+
+    /// Waits until its count of reconciles, `seen` now, has not changed for
+    /// [`SETTLED_AFTER`] (at most a minute); returns how long that took and the count.
+    async fn settled(&self, seen: u64) -> (Duration, (u64, u64)) {
+        let started = Instant::now();
+        let (mut seen, mut since) = (seen, Instant::now());
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let (ok, failed) = self.reconciles().await;
+            if ok + failed != seen {
+                (seen, since) = (ok + failed, Instant::now());
+            } else if since.elapsed() >= SETTLED_AFTER
+                || started.elapsed() > Duration::from_secs(60)
+            {
+                return (
+                    started.elapsed().saturating_sub(since.elapsed()),
+                    (ok, failed),
+                );
+            }
+        }
     }
 
     /// Waits until it has counted `n` more reconciles than `before`, sampling its
@@ -297,6 +366,14 @@ async fn measure(sizes: &Sizes, broker: Option<&(Proxy, &str)>) -> Result<()> {
         let management = broker.map(|p| (p.take(), p.take_max_in_flight()));
         (kubernetes, management)
     };
+    let command = match broker {
+        Some(_) if sizes.command => Some(command_first_apply(address, pipelines).await?),
+        _ => None,
+    };
+    let ahead = match broker {
+        Some(_) if sizes.policies_ahead => Some(policies_ahead(address, sizes).await?),
+        _ => None,
+    };
     taken(&fake);
 
     // 1. The first pass.
@@ -314,26 +391,68 @@ async fn measure(sizes: &Sizes, broker: Option<&(Proxy, &str)>) -> Result<()> {
             .count()
     };
     let mut peak = 0;
-    while with_status(&fake) < pipelines {
+    let mut done = with_status(&fake);
+    while done < pipelines && started.elapsed() < sizes.first_pass_limit {
         peak = peak.max(first.kib("VmRSS")?);
-        if started.elapsed() > Duration::from_secs(1800) {
-            bail!(
-                "only {} of {pipelines} pipelines have a status after 30 minutes",
-                with_status(&fake)
-            );
-        }
         tokio::time::sleep(Duration::from_millis(250)).await;
+        done = with_status(&fake);
     }
+    let took = started.elapsed();
     let (ok, failed) = first.reconciles().await;
     let unready = not_ready(&fake, pipelines);
+    let objects = done * mailer_testkit::many::OBJECTS_PER_PIPELINE;
+    let finished = done == pipelines;
     println!(
-        "  first pass: every pipeline has a status after {:.1}s ({} with TopologyReady=True)",
-        started.elapsed().as_secs_f64(),
+        "  first pass: {} after {:.1}s, {:.0} objects/s ({} with TopologyReady=True; {ok} reconciles succeeded, {failed} failed by then)",
+        if finished {
+            "every pipeline has a status".to_string()
+        } else {
+            format!(
+                "only {done} of {pipelines} pipelines have a status (MAILER_BENCH_FIRST_PASS_LIMIT)"
+            )
+        },
+        took.as_secs_f64(),
+        objects as f64 / took.as_secs_f64(),
         pipelines - unready.len()
     );
     for (name, why) in unready.iter().take(3) {
         println!("    {name} is not ready: {why}");
     }
+    if let Some(command) = command {
+        let share = command.as_secs_f64() / took.as_secs_f64();
+        // Unfinished, the controller's time is at least what it took so far.
+        let (at_most, at_least) = if finished {
+            ("", "")
+        } else {
+            ("at most ", "at least ")
+        };
+        println!(
+            "  first pass against the topology command's first apply of the same {pipelines} pipelines: {at_least}{:.1}s against {:.1}s, {at_most}{share:.2} of its speed, the controller taking {at_least}{:.2}× its time (target ≥ {COMMAND_SHARE_TARGET}: {})",
+            took.as_secs_f64(),
+            command.as_secs_f64(),
+            took.as_secs_f64() / command.as_secs_f64(),
+            verdict(share >= COMMAND_SHARE_TARGET)
+        );
+    }
+    if let (Some(command), Some(ahead)) = (command, ahead) {
+        let with_ahead = took + ahead;
+        println!(
+            "  with the policies' import ahead of it ({:.1}s): {:.1}s against the command's {:.1}s, {:.2} of its speed",
+            ahead.as_secs_f64(),
+            with_ahead.as_secs_f64(),
+            command.as_secs_f64(),
+            command.as_secs_f64() / with_ahead.as_secs_f64()
+        );
+    }
+    // Reconciles the first pass causes itself (its own writes seen by its watches, or
+    // failures tried again) come after the status they follow: wait for them.
+    let (settled, (ok, failed)) = first.settled(ok + failed).await;
+    println!(
+        "  first pass settled {:.1}s later: {ok} reconciles succeeded, {failed} failed, {:.2} reconciles per pipeline (target ≤ 2: {})",
+        settled.as_secs_f64(),
+        (ok + failed) as f64 / pipelines as f64,
+        verdict(ok + failed <= 2 * pipelines as u64)
+    );
     report("  first pass", taken(&fake), ok + failed, pipelines);
     println!(
         "    controller memory: VmRSS peak {:.1} MiB, VmHWM {:.1} MiB (target {MEMORY_TARGET_MIB} MiB: {}); {}",
@@ -343,6 +462,10 @@ async fn measure(sizes: &Sizes, broker: Option<&(Proxy, &str)>) -> Result<()> {
         first.resident()?
     );
     drop(first);
+    if sizes.first_pass_only || !finished {
+        let _ = std::fs::remove_file(kubeconfig);
+        return Ok(());
+    }
 
     // 2. A restart: every pipeline reconciled once, with nothing to change.
     taken(&fake);
@@ -400,20 +523,81 @@ fn report(what: &str, (kubernetes, management): Taken, reconciles: u64, pipeline
     let calls: Vec<_> = kubernetes.iter().filter(|r| !r.is_watch()).collect();
     let writes = calls.iter().filter(|r| r.is_write()).count();
     let per = |n: usize| n as f64 / reconciles.max(1) as f64;
+    let per_pipeline = |n: usize| n as f64 / pipelines.max(1) as f64;
     println!(
-        "{what}: {reconciles} reconciles; API server: {} requests ({:.2} per reconcile), {writes} writes ({:.2} per reconcile), {watches} watches",
+        "{what}: {reconciles} reconciles; API server: {} requests ({:.2} per reconcile, {:.2} per pipeline), {writes} writes ({:.2} per reconcile, {:.2} per pipeline), {watches} watches",
         calls.len(),
         per(calls.len()),
-        per(writes)
+        per_pipeline(calls.len()),
+        per(writes),
+        per_pipeline(writes)
     );
     if let Some((requests, most)) = management {
         let writes = requests.iter().filter(|r| r.is_write()).count();
         let versions = requests.iter().filter(|r| r.path == "overview").count();
         println!(
-            "{what}: management API: {} requests ({:.2} per reconcile, {:.2} per pipeline), {writes} writes, {versions} version reads, at most {most} in flight",
+            "{what}: management API: {} requests ({:.2} per reconcile, {:.2} per pipeline), {writes} writes ({:.2} per pipeline), {versions} version reads, at most {most} in flight",
             requests.len(),
             per(requests.len()),
-            requests.len() as f64 / pipelines.max(1) as f64,
+            per_pipeline(requests.len()),
+            per_pipeline(writes),
+        );
+        print_kinds(what, &requests, pipelines);
+    }
+}
+
+/// The management requests by method and kind of object: how many per pipeline, and
+/// how long the broker took for them all (the sum of their times, which overlap).
+fn print_kinds(
+    what: &str,
+    requests: &[mailer_testkit::management_proxy::Recorded],
+    pipelines: usize,
+) {
+    let mut kinds: std::collections::BTreeMap<(String, &str), (usize, Duration)> =
+        std::collections::BTreeMap::new();
+    for request in requests {
+        let kind = kinds
+            .entry((request.method.to_string(), request.kind()))
+            .or_default();
+        kind.0 += 1;
+        kind.1 += request.finished.saturating_duration_since(request.started);
+    }
+    let kinds: Vec<String> = kinds
+        .iter()
+        .map(|((method, kind), (n, time))| {
+            format!(
+                "{method} {kind} {:.2} ({:.1}s)",
+                *n as f64 / pipelines.max(1) as f64,
+                time.as_secs_f64()
+            )
+        })
+        .collect();
+    println!(
+        "{what}: management requests per pipeline (and their summed time): {}",
+        kinds.join(", ")
+    );
+    // Each policy import's time, in order: how its cost grows as the vhost fills.
+    let mut imports: Vec<_> = requests
+        .iter()
+        .filter(|r| r.method == "POST" && r.kind() == "definitions")
+        .collect();
+    imports.sort_by_key(|r| r.started);
+    let imports: Vec<String> = imports
+        .iter()
+        .map(|r| {
+            format!(
+                "{:.1}",
+                r.finished
+                    .saturating_duration_since(r.started)
+                    .as_secs_f64()
+            )
+        })
+        .collect();
+    if !imports.is_empty() {
+        println!(
+            "{what}: the {} policy imports took, in order (s): {}",
+            imports.len(),
+            imports.join(" ")
         );
     }
 }
@@ -436,6 +620,97 @@ fn not_ready(fake: &FakeApi, pipelines: usize) -> Vec<(String, String)> {
             }
         })
         .collect()
+}
+
+/// Times the topology command's first apply of the controller's `pipelines` (their
+/// topologies, `mailer_testkit::many`'s) into a fresh vhost of their own on the broker
+/// at `address`, as `mailer topology apply -f` makes them (`topology::apply_all`, one
+/// client), then deletes that vhost.
+async fn command_first_apply(address: &str, pipelines: usize) -> Result<Duration> {
+    use mailer::topology::{self, Management, ManagementEndpoint};
+    let endpoint = ManagementEndpoint::parse(&format!("http://guest:guest@{address}"))?;
+    let api = rabbitmq_http_client::api::Client::new(
+        format!("http://{address}/api"),
+        "guest".to_string(),
+        "guest".to_string(),
+    );
+    // Left by a run that failed: its queues would slow this one down.
+    let _ = api.delete_vhost(COMMAND_VHOST, true).await;
+    let management = Management::new(&endpoint)?;
+    let capabilities = management.capabilities().await?;
+    let topologies = mailer_testkit::many::topologies(COMMAND_VHOST, 0..pipelines, capabilities);
+    println!(
+        "  the topology command's first apply of {pipelines} pipelines into vhost {COMMAND_VHOST}, load average {}",
+        load_average()
+    );
+    let started = Instant::now();
+    let plans = topology::apply_all(&management, &topologies).await?;
+    let took = started.elapsed();
+    let changes: usize = plans.iter().map(Vec::len).sum();
+    let objects = pipelines * mailer_testkit::many::OBJECTS_PER_PIPELINE;
+    println!(
+        "  the topology command: {objects} objects in {:.1}s, {:.0} objects/s, {} writes, {} reads ({changes} changes)",
+        took.as_secs_f64(),
+        objects as f64 / took.as_secs_f64(),
+        management.writes(),
+        management.reads(),
+    );
+    let deleting = Instant::now();
+    api.delete_vhost(COMMAND_VHOST, true)
+        .await
+        .with_context(|| format!("delete vhost {COMMAND_VHOST}"))?;
+    println!(
+        "  (its vhost deleted in {:.1}s; load average {})",
+        deleting.elapsed().as_secs_f64(),
+        load_average()
+    );
+    Ok(took)
+}
+
+/// Makes the pipelines' vhosts and imports every pipeline's policies into its vhost, as
+/// the command writes them (in parts), timed.
+async fn policies_ahead(address: &str, sizes: &Sizes) -> Result<Duration> {
+    use mailer::topology::{Management, ManagementEndpoint};
+    let endpoint = ManagementEndpoint::parse(&format!("http://guest:guest@{address}"))?;
+    let management = Management::new(&endpoint)?;
+    let capabilities = management.capabilities().await?;
+    let api = rabbitmq_http_client::api::Client::new(
+        format!("http://{address}/api"),
+        "guest".to_string(),
+        "guest".to_string(),
+    );
+    let started = Instant::now();
+    let mut policies = 0;
+    for v in 0..sizes.vhosts {
+        let vhost = format!("{VHOST_PREFIX}{v}");
+        api.create_vhost(&rabbitmq_http_client::requests::VirtualHostParams {
+            name: &vhost,
+            description: None,
+            tags: None,
+            default_queue_type: None,
+            tracing: false,
+        })
+        .await
+        .with_context(|| format!("create vhost {vhost}"))?;
+        api.grant_full_permissions("guest", &vhost)
+            .await
+            .with_context(|| format!("grant guest permissions on {vhost}"))?;
+        let topologies: Vec<_> = (0..sizes.pipelines)
+            .filter(|i| i % sizes.vhosts == v)
+            .flat_map(|i| mailer_testkit::many::topologies(&vhost, i..i + 1, capabilities))
+            .collect();
+        let wanted: Vec<_> = topologies.iter().flat_map(|t| t.policies.iter()).collect();
+        policies += wanted.len();
+        let imported = management.import_policies(&vhost, &wanted).await?;
+        anyhow::ensure!(imported, "guest may not import definitions");
+    }
+    let took = started.elapsed();
+    println!(
+        "  the pipelines' {policies} policies imported ahead into their {} vhosts in {:.1}s",
+        sizes.vhosts,
+        took.as_secs_f64()
+    );
+    Ok(took)
 }
 
 /// Deletes the bench's vhosts and their owner markers.
@@ -464,6 +739,7 @@ async fn remove_from_broker(address: &str, vhosts: usize) {
     for i in 0..vhosts {
         let _ = api.delete_vhost(&format!("{VHOST_PREFIX}{i}"), true).await;
     }
+    let _ = api.delete_vhost(COMMAND_VHOST, true).await;
 }
 
 fn verdict(met: bool) -> &'static str {
