@@ -98,10 +98,9 @@ fn spec(vhost: &str, i: usize) -> Value {
     spec
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_restart_pipelines_in_sync_cost_a_constant_and_write_nothing() {
-    const PIPELINES: usize = 4;
-    let vhost = TestVhost::fresh("controller-scale");
+/// A harness whose reconciles share a vhost's definitions as the controller's do, its
+/// broker behind a recording proxy, and the workers' user given (guest).
+async fn sharing_definitions() -> (Harness, Proxy) {
     let proxy = Proxy::start(&management_host(), Duration::ZERO).await;
     let h = harness_tuned(|settings| {
         settings.definitions_max_age =
@@ -109,6 +108,14 @@ async fn after_a_restart_pipelines_in_sync_cost_a_constant_and_write_nothing() {
     });
     connection_secret(&h, &proxy.url());
     h.seed_secret("user", &[("username", "guest"), ("password", "guest")]);
+    (h, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_pipelines_in_sync_cost_a_constant_and_write_nothing() {
+    const PIPELINES: usize = 4;
+    let vhost = TestVhost::fresh("controller-scale");
+    let (h, proxy) = sharing_definitions().await;
     let names: Vec<String> = (0..PIPELINES).map(|i| format!("p{i}")).collect();
     for (i, name) in names.iter().enumerate() {
         h.seed_pipeline(name, spec(&vhost.name, i), true);
@@ -210,13 +217,7 @@ async fn after_a_restart_pipelines_in_sync_cost_a_constant_and_write_nothing() {
 async fn a_first_pass_costs_one_reconcile_and_bounded_requests_per_pipeline() {
     const PIPELINES: usize = 6;
     let vhost = TestVhost::fresh("controller-first-pass");
-    let proxy = Proxy::start(&management_host(), Duration::ZERO).await;
-    let h = harness_tuned(|settings| {
-        settings.definitions_max_age =
-            mailer::controller::reconcile::apply::SHARED_DEFINITIONS_MAX_AGE;
-    });
-    connection_secret(&h, &proxy.url());
-    h.seed_secret("user", &[("username", "guest"), ("password", "guest")]);
+    let (h, proxy) = sharing_definitions().await;
     for i in 0..PIPELINES {
         h.seed_pipeline(&format!("p{i}"), spec(&vhost.name, i), true);
     }
