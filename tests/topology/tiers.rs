@@ -71,7 +71,9 @@ fn topology_cli(action: &str, vhost: &str, topology: &str) -> (i32, String, Stri
         &management_url,
     ];
     let amqp_url = mailer_testkit::broker::amqp_base();
-    if action == "apply" {
+    // Where queues are counted live: the test broker's AMQP port (4.0's is not the
+    // default the management URL implies).
+    if action == "apply" || action == "delete" {
         args.extend(["--amqp-url", &amqp_url]);
     }
     super::mailer(&args)
