@@ -117,8 +117,13 @@ fn distinct(ids: &[String]) -> usize {
 }
 
 /// How long the tally goes on reading the queues after a read that found nothing, while a
-/// request is missing: longer than the pipelines' delay (1s) and a dead-lettering hop.
-const TALLY_SETTLE: Duration = Duration::from_secs(5);
+/// request is missing: longer than the pipelines' delay (1s) and a dead-lettering hop. A
+/// request the broker dead-letters itself (past the send queue's delivery limit, as the
+/// stopped worker's deliveries return) is in no queue a read sees until the queue's
+/// at-least-once dead-letter process has published it and had it confirmed, which can
+/// take several seconds on a busy node: CI once counted such a request lost after 5 s. It
+/// costs nothing when every request is found.
+const TALLY_SETTLE: Duration = Duration::from_secs(30);
 
 /// What became of every published request, once the worker stopped.
 struct Tally {
