@@ -1,7 +1,7 @@
 .PHONY: build test test-rabbitmq4 faults faults-cluster lint bench bench-cluster demo crd image manifests
 
 # The crate's version: the image's tag and the chart's appVersion.
-VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | sed -n 1p)
 IMAGE ?= ghcr.io/mailer-operator/mailer:$(VERSION)
 
 build:

@@ -130,7 +130,7 @@ net_down() {
   local n ns pids
   for n in "${NODES[@]}"; do
     ns=$(netns "$n")
-    if ip netns list | grep -qw "^$ns"; then
+    if ip netns list | grep -w "^$ns" >/dev/null; then
       # Whatever still runs there is this cluster's: a node, its epmd, a CLI.
       pids=$(ip netns pids "$ns" || true)
       if [[ -n $pids ]]; then

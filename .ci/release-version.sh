@@ -18,11 +18,11 @@ version=${BASH_REMATCH[1]}
 
 chart=charts/mailer-operator/Chart.yaml
 # A top-level key of Chart.yaml, its value unquoted.
-chart_field() { sed -n "s/^$1: *\"\{0,1\}\([^\"]*\)\"\{0,1\} *\$/\1/p" "$chart" | head -1; }
+chart_field() { sed -n "s/^$1: *\"\{0,1\}\([^\"]*\)\"\{0,1\} *\$/\1/p" "$chart" | sed -n 1p; }
 
-crate=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+crate=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | sed -n 1p)
 # The version line that follows the mailer package's name in Cargo.lock.
-locked=$(sed -n '/^name = "mailer"$/{n;s/^version = "\(.*\)"$/\1/p;}' Cargo.lock | head -1)
+locked=$(sed -n '/^name = "mailer"$/{n;s/^version = "\(.*\)"$/\1/p;}' Cargo.lock | sed -n 1p)
 failed=0
 for found in "Cargo.toml version:$crate" "Cargo.lock mailer:$locked" \
   "$chart version:$(chart_field version)" "$chart appVersion:$(chart_field appVersion)"; do
