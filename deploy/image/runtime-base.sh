@@ -28,7 +28,7 @@ libraries=$(ldd "$binary" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// 
 packages=(ca-certificates)
 for library in $libraries; do
   install -D -m 0755 "$(readlink -f "$library")" "$rootfs$library"
-  packages+=("$(dpkg -S "$library" | cut -d: -f1 | head -1)")
+  packages+=("$(dpkg -S "$library" | cut -d: -f1 | sed -n 1p)")
 done
 mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u)
 
