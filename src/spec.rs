@@ -411,6 +411,14 @@ impl MailerPipelineSpec {
                 "rabbitmq.vhost",
                 "must not be empty (the default vhost is \"/\")".into(),
             );
+        } else if self.rabbitmq.vhost == crate::topology::claim_lock::LOCK_VHOST {
+            problem(
+                "rabbitmq.vhost",
+                format!(
+                    "{:?} holds the operator's claim locks; choose another vhost",
+                    crate::topology::claim_lock::LOCK_VHOST
+                ),
+            );
         }
         if self.rabbitmq.connection_secret.is_some() && self.rabbitmq.cluster_ref.is_some() {
             problem(

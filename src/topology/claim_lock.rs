@@ -3,17 +3,26 @@
 //!
 //! The management API has no conditional write, but RabbitMQ refuses to declare a queue
 //! that exists with another value of an argument it compares. A lock is a classic,
-//! non-durable queue in the pipeline's vhost, named after the claim's marker, whose
-//! `x-dead-letter-exchange` argument holds the locker's UID: the first declare creates
-//! it, a declare with another UID is refused (400, inequivalent argument) while it
-//! exists, a declare with the same UID finds it. Its `x-expires` lets the broker remove
-//! a lock whose holder died before releasing it. Nothing is ever routed to it.
+//! non-durable queue named after the claim's marker, whose `x-dead-letter-exchange`
+//! argument holds the locker's UID: the first declare creates it, a declare with another
+//! UID is refused (400, inequivalent argument) while it exists, a declare with the same
+//! UID finds it. Its `x-expires` lets the broker remove a lock whose holder died before
+//! releasing it. Nothing is ever routed to it.
+//!
+//! Locks live in a vhost of their own ([`LOCK_VHOST`]), made at a client's first claim,
+//! which no pipeline may use: RabbitMQ matches every queue declared in a vhost against
+//! each of the vhost's policies, so locks declared among a thousand pipelines' policies
+//! cost the broker more with each pipeline (see `docs/benchmarks.md`), while in a vhost
+//! without policies each costs the same. And no tenant, who holds permissions on its own
+//! vhosts only, can declare a lock to hold another's claim up.
 //!
 //! Locks are taken in the order of their names and, when one is held by someone else,
 //! every lock taken is released before trying again, so two lockers of overlapping names
 //! never wait for each other.
 
 use std::time::{Duration, Instant};
+
+use rabbitmq_http_client::requests::VirtualHostParams;
 
 use ring::digest::{SHA256, digest};
 use serde_json::{Map, Value, json};
@@ -24,6 +33,8 @@ use super::ownership::Claim;
 
 /// What lock queues' names start with.
 pub const LOCK_PREFIX: &str = "mailer.claim-lock.";
+/// The vhost the locks live in, the same for every operator sharing a broker.
+pub const LOCK_VHOST: &str = "mailer.claim-locks";
 /// How long the broker keeps a lock nobody declares again: longer than any claim takes,
 /// short enough that a locker that died holds nobody up for long.
 const LOCK_EXPIRES: Duration = Duration::from_secs(30);
@@ -35,7 +46,6 @@ const RETRY: Duration = Duration::from_millis(100);
 #[must_use = "release the locks"]
 pub struct ClaimLocks<'a> {
     management: &'a Management,
-    vhost: String,
     queues: Vec<String>,
 }
 
@@ -62,15 +72,15 @@ fn lock_arguments(holder: &str) -> Map<String, Value> {
 }
 
 impl Management {
-    /// Takes the locks of `claims` in `vhost` (which must exist) for `holder` (a UID),
-    /// waiting up to `wait` while others hold any of them.
+    /// Takes the locks of `claims` for `holder` (a UID), waiting up to `wait` while
+    /// others hold any of them.
     pub async fn lock_claims<'a>(
         &'a self,
-        vhost: &str,
         claims: &[&Claim],
         holder: &str,
         wait: Duration,
     ) -> Result<ClaimLocks<'a>, TopologyError> {
+        self.ensure_lock_vhost().await?;
         let mut names: Vec<String> = claims.iter().map(|c| lock_name(c)).collect();
         names.sort();
         names.dedup();
@@ -78,12 +88,11 @@ impl Management {
         loop {
             let mut locks = ClaimLocks {
                 management: self,
-                vhost: vhost.to_string(),
                 queues: Vec::new(),
             };
             let mut busy = None;
             for name in &names {
-                match self.try_lock(vhost, name, holder).await {
+                match self.try_lock(name, holder).await {
                     Ok(true) => locks.queues.push(name.clone()),
                     Ok(false) => {
                         busy = Some(name.clone());
@@ -91,6 +100,8 @@ impl Management {
                     }
                     Err(e) => {
                         locks.release().await;
+                        // The vhost may have been removed: made again at the next claim.
+                        *self.lock_vhost_ready.lock().await = false;
                         return Err(e);
                     }
                 }
@@ -101,7 +112,7 @@ impl Management {
             locks.release().await;
             if Instant::now() >= deadline {
                 return Err(TopologyError::Refused {
-                    action: format!("lock a claim in vhost {vhost:?} ({busy})"),
+                    action: format!("lock a claim ({busy} in vhost {LOCK_VHOST:?})"),
                     status: 503,
                     reason: format!(
                         "another claim of the same name has held its lock for over {}s",
@@ -113,17 +124,43 @@ impl Management {
         }
     }
 
+    /// Makes the locks' vhost and grants this client's user its permissions there, once
+    /// per client (again after a lock could not be declared). Both writes leave what
+    /// exists as it is.
+    async fn ensure_lock_vhost(&self) -> Result<(), TopologyError> {
+        let mut ready = self.lock_vhost_ready.lock().await;
+        if *ready {
+            return Ok(());
+        }
+        let params = VirtualHostParams {
+            name: LOCK_VHOST,
+            description: Some("claim locks of the mailer operator; holds no pipeline"),
+            tags: None,
+            default_queue_type: None,
+            tracing: false,
+        };
+        self.bounded_write(self.api.create_vhost(&params))
+            .await
+            .map_err(|e| self.error(&format!("create vhost {LOCK_VHOST:?}"), e))?;
+        let user = &self.endpoint().username;
+        self.bounded_write(self.api.grant_full_permissions(user, LOCK_VHOST))
+            .await
+            .map_err(|e| self.error(&format!("grant {user:?} permissions on {LOCK_VHOST:?}"), e))?;
+        *ready = true;
+        Ok(())
+    }
+
     /// Declares the lock queue `name` for `holder`: `false` when another holds it. Sent
     /// as a plain PUT: a refusal is the expected answer to a lock held by another.
-    async fn try_lock(&self, vhost: &str, name: &str, holder: &str) -> Result<bool, TopologyError> {
+    async fn try_lock(&self, name: &str, holder: &str) -> Result<bool, TopologyError> {
         let body = json!({
             "durable": false,
             "auto_delete": false,
             "arguments": lock_arguments(holder),
         });
-        let action = format!("declare the lock queue {name:?} in vhost {vhost:?}");
+        let action = format!("declare the lock queue {name:?} in vhost {LOCK_VHOST:?}");
         match self
-            .put_json(&["queues", vhost, name], &body, &action)
+            .put_json(&["queues", LOCK_VHOST, name], &body, &action)
             .await?
         {
             200..=299 => Ok(true),
@@ -141,13 +178,13 @@ impl ClaimLocks<'_> {
     /// Removes the lock queues, all at once. One that cannot be removed expires by
     /// itself.
     pub async fn release(self) {
-        let (management, vhost) = (self.management, self.vhost.as_str());
+        let management = self.management;
         let removals = self.queues.iter().map(|name| async move {
             let removed = management
-                .bounded_write(management.api.delete_queue(vhost, name, true))
+                .bounded_write(management.api.delete_queue(LOCK_VHOST, name, true))
                 .await;
             if let Err(e) = removed {
-                tracing::warn!(vhost = %vhost, queue = %name, error = %e, "could not remove a claim lock; the broker expires it");
+                tracing::warn!(vhost = LOCK_VHOST, queue = %name, error = %e, "could not remove a claim lock; the broker expires it");
             }
         });
         futures::future::join_all(removals).await;

@@ -29,10 +29,10 @@ use crate::controller::error::Error;
 use crate::controller::reconcile::desired::Desired;
 use crate::controller::reconcile::validate::Validated;
 use crate::spec::MailerPipeline;
+use crate::topology::Management;
 use crate::topology::ownership::{
     Claim, Markers, Owner, is_former_tier, legacy_topology_marker, topology_claims,
 };
-use crate::topology::{Change, Management};
 
 /// How long a claim waits for another claim of the same name to finish.
 const LOCK_WAIT: Duration = Duration::from_secs(10);
@@ -58,7 +58,7 @@ pub struct Claimed {
 }
 
 /// Claims what `desired` needs for the pipeline, or refuses it before anything is
-/// written (but the vhost its locks live in, which no pipeline owns).
+/// written (but the locks, in a vhost of their own: see [`crate::topology::claim_lock`]).
 pub async fn claim(
     ctx: &Context,
     valid: &Validated<'_>,
@@ -89,21 +89,7 @@ pub async fn claim(
     refuse_foreign(&markers, &me, &missing)?;
     let known = ctx.known_pipelines(|other| other.uid() != valid.pipeline.uid());
     check_collisions(valid.pipeline, &known)?;
-    // Decided once before anything is written, so a pipeline refused writes nothing;
-    // then again under the locks, where it counts.
-    let vhost_exists = management.vhost_exists(vhost).await?;
-    decide(management, valid, &me, &missing, vhost_exists).await?;
-    // The locks live in the vhost, which the operator's user must be able to use.
-    if vhost_exists {
-        management.ensure_own_grant(vhost).await?;
-    } else {
-        management
-            .write(vhost, &Change::CreateVhost(vhost.clone()))
-            .await?;
-    }
-    let locks = management
-        .lock_claims(vhost, &missing, &me.uid, LOCK_WAIT)
-        .await?;
+    let locks = management.lock_claims(&missing, &me.uid, LOCK_WAIT).await?;
     let taken = take(management, valid, &me, &missing).await;
     locks.release().await;
     taken?;
@@ -185,14 +171,16 @@ async fn decide(
     })
 }
 
-/// Under the claims' locks: decides again and writes the markers.
+/// Under the claims' locks: decides and writes the markers.
 async fn take(
     management: &Management,
     valid: &Validated<'_>,
     me: &Owner,
     missing: &[&Claim],
 ) -> Result<(), Error> {
-    let decided = decide(management, valid, me, missing, true).await?;
+    // The vhost may have been made since it was first read.
+    let vhost_exists = management.vhost_exists(&valid.spec.rabbitmq.vhost).await?;
+    let decided = decide(management, valid, me, missing, vhost_exists).await?;
     try_join_all(
         missing
             .iter()

@@ -126,6 +126,10 @@ pub struct Management {
     /// Policies of work running at once, gathered per vhost
     /// ([`together::put_policies_together`]).
     pub(super) policy_batches: PolicyBatches,
+    /// Whether the claim locks' vhost is known to exist, with this user's permissions
+    /// ([`crate::topology::claim_lock`]).
+    /// Held while it is made, so claims running at once make it once.
+    pub(in crate::topology) lock_vhost_ready: tokio::sync::Mutex<bool>,
 }
 
 impl Management {
@@ -156,6 +160,7 @@ impl Management {
             markers: Mutex::default(),
             markers_read: tokio::sync::Mutex::new(()),
             policy_batches: PolicyBatches::default(),
+            lock_vhost_ready: tokio::sync::Mutex::new(false),
         })
     }
 

@@ -29,21 +29,30 @@ struct Submission {
     done: oneshot::Sender<Result<(), TopologyError>>,
 }
 
-/// The open batch of each vhost of a client.
+/// The open batch of each vhost of a client, and who writes there now.
 #[derive(Default)]
 pub(in crate::topology) struct PolicyBatches {
     open: Mutex<HashMap<String, Vec<Submission>>>,
+    /// Held while a batch of the vhost is written: one import at a time per vhost (two
+    /// at once only slow each other down), the next batch open meanwhile.
+    writers: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl PolicyBatches {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Submission>>> {
         self.open.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    fn writer(&self, vhost: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut writers = self.writers.lock().unwrap_or_else(PoisonError::into_inner);
+        writers.entry(vhost.to_string()).or_default().clone()
+    }
 }
 
 /// Writes `policies` into `vhost` together with those other work of `management`
-/// submits for the same vhost within `window` of the first; returns once they are
-/// written, with the outcome of these alone.
+/// submits for the same vhost within `window` of the first (or until the vhost's batch
+/// before is written, if later); returns once they are written, with the outcome of
+/// these alone.
 pub async fn put_policies_together(
     management: &Arc<Management>,
     vhost: &str,
@@ -74,6 +83,9 @@ pub async fn put_policies_together(
         let vhost = vhost.to_string();
         tokio::spawn(async move {
             tokio::time::sleep(window).await;
+            // The batch stays open, gathering more, while the one before is written.
+            let writer = management.policy_batches.writer(&vhost);
+            let _writing = writer.lock().await;
             let batch = management
                 .policy_batches
                 .lock()
