@@ -16,6 +16,7 @@ use crate::controller::kube::keda::KedaDiscovery;
 use crate::controller::kube::owned::OwnedCaches;
 use crate::controller::kube::ssa::FIELD_MANAGER;
 use crate::controller::metrics::Metrics;
+use crate::controller::runtime::ahead::PoliciesAhead;
 use crate::spec::MailerPipeline;
 use crate::text::truncate_bytes;
 use crate::topology::Clients;
@@ -93,6 +94,8 @@ pub struct Context {
     pub keda: KedaDiscovery,
     /// One management client per broker endpoint, shared by every reconcile.
     pub brokers: Clients,
+    /// Pipelines that wrote their policies ahead of their queues, waiting.
+    pub ahead: PoliciesAhead,
 }
 
 impl Context {
@@ -118,6 +121,7 @@ impl Context {
             owned: OwnedCaches::default(),
             keda: KedaDiscovery::default(),
             brokers: Clients::default(),
+            ahead: PoliciesAhead::default(),
         }
     }
 

@@ -78,6 +78,7 @@ pub struct Metrics {
     rabbitmq_writes: Family<PipelineLabels, Counter>,
     pipeline_ready: Family<PipelineLabels, Gauge>,
     orphaned_objects: Family<NamespaceLabels, Counter>,
+    policies_ahead: Counter,
     leader: Gauge,
 }
 
@@ -99,6 +100,7 @@ impl Metrics {
             rabbitmq_writes: Family::default(),
             pipeline_ready: Family::default(),
             orphaned_objects: Family::default(),
+            policies_ahead: Counter::default(),
             leader: Gauge::default(),
         };
         let registry = registry.sub_registry_with_prefix("mailer_controller");
@@ -143,11 +145,22 @@ impl Metrics {
             metrics.orphaned_objects.clone(),
         );
         registry.register(
+            "policies_ahead",
+            "Reconciles that wrote a new pipeline's policies ahead of its exchanges and queues, as it was made among others of its vhost; a second reconcile makes the rest",
+            metrics.policies_ahead.clone(),
+        );
+        registry.register(
             "leader",
             "1 while this replica holds the leader Lease and reconciles, else 0",
             metrics.leader.clone(),
         );
         metrics
+    }
+
+    /// A reconcile stopped after the pipeline's policies (see
+    /// [`crate::controller::runtime::ahead`]).
+    pub fn went_ahead(&self) {
+        self.policies_ahead.inc();
     }
 
     pub fn reconciled(&self, outcome: Result<(), &'static str>, took: Duration) {

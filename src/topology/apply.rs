@@ -190,6 +190,16 @@ pub async fn apply_all_declaring(
     Ok(plans)
 }
 
+/// What [`apply_shared`] changed.
+#[derive(Debug, Default)]
+pub struct SharedApplied {
+    /// The changes made.
+    pub changes: Vec<Change>,
+    /// Only the vhost and the policies were written: the exchanges, queues and bindings
+    /// are left for later (see `defer_rest`).
+    pub rest_deferred: bool,
+}
+
 /// As [`apply`], for pipelines applied one at a time by work running at once (the
 /// controller's reconciles): a vhost's definitions, read at most once per `max_age` and
 /// only while nothing has been written there through this client for as long (a vhost
@@ -198,12 +208,20 @@ pub async fn apply_all_declaring(
 /// someone else is found up to `max_age` later than by [`apply`]. With a `policy_window`,
 /// the policies to write go together with those of the other work of this client for the
 /// same vhost within that window ([`super::management::together`]).
+///
+/// With `defer_rest`, when the policies went in a batch with others' (many pipelines of
+/// the vhost being made at once) and exchanges or queues are still to make, it stops
+/// there: RabbitMQ sets each policy against every exchange and queue of the vhost, so
+/// the others' policies cost least written before any of these exist. The caller makes
+/// the rest once the vhost's policies have settled
+/// ([`together::policies_settled`]).
 pub async fn apply_shared(
     management: &Arc<Management>,
     topology: &Topology,
     max_age: Duration,
     policy_window: Duration,
-) -> Result<Vec<Change>, TopologyError> {
+    defer_rest: bool,
+) -> Result<SharedApplied, TopologyError> {
     let view = match management.shared_snapshot(&topology.vhost, max_age).await? {
         Some(snapshot) => VhostView::Definitions(snapshot),
         None => view_of(management, &topology.vhost, 1).await?,
@@ -217,33 +235,56 @@ pub async fn apply_shared(
             std::slice::from_ref(&plan),
         )
         .await?;
-        return Ok(plan);
+        return Ok(SharedApplied {
+            changes: plan,
+            rest_deferred: false,
+        });
     }
     // The vhost first, then the policies together, then the rest, as write_plans orders.
-    let (vhosts, rest): (Vec<&Change>, Vec<&Change>) = plan
-        .iter()
-        .partition(|change| matches!(change, Change::CreateVhost(_)));
+    let (ahead, others): (Vec<Change>, Vec<Change>) = plan
+        .into_iter()
+        .partition(|change| matches!(change, Change::CreateVhost(_) | Change::PutPolicy { .. }));
     let vhost = topology.vhost.as_str();
-    write_step(management, vhosts.into_iter().map(|c| (vhost, c)).collect()).await?;
-    let (policies, others): (Vec<&Change>, Vec<Change>) = {
-        let (policies, others): (Vec<&Change>, Vec<&Change>) = rest
-            .into_iter()
-            .partition(|change| matches!(change, Change::PutPolicy { .. }));
-        (policies, others.into_iter().cloned().collect())
-    };
-    let policy_list = policies
+    let creates = ahead
+        .iter()
+        .filter(|change| matches!(change, Change::CreateVhost(_)));
+    write_step(management, creates.map(|c| (vhost, c)).collect()).await?;
+    let policies: Vec<Policy> = ahead
         .iter()
         .filter_map(|change| match change {
             Change::PutPolicy { policy, .. } => Some(policy.clone()),
             _ => None,
         })
         .collect();
-    together::put_policies_together(management, vhost, policy_list, policy_window).await?;
-    for change in &policies {
+    let batch = together::put_policies_together(management, vhost, policies, policy_window).await?;
+    for change in ahead
+        .iter()
+        .filter(|c| matches!(c, Change::PutPolicy { .. }))
+    {
         tracing::info!(vhost = %vhost, change = %change, "topology changed");
     }
-    write_plans(management, None, std::slice::from_ref(topology), &[others]).await?;
-    Ok(plan)
+    let makes_objects = others
+        .iter()
+        .any(|change| matches!(change, Change::CreateExchange(_) | Change::CreateQueue(_)));
+    if defer_rest && batch > 1 && makes_objects {
+        return Ok(SharedApplied {
+            changes: ahead,
+            rest_deferred: true,
+        });
+    }
+    write_plans(
+        management,
+        None,
+        std::slice::from_ref(topology),
+        std::slice::from_ref(&others),
+    )
+    .await?;
+    let mut changes = ahead;
+    changes.extend(others);
+    Ok(SharedApplied {
+        changes,
+        rest_deferred: false,
+    })
 }
 
 /// Writes `plans`, each of the pipeline of the same index in `topologies`, in the steps

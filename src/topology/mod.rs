@@ -23,7 +23,9 @@ pub mod tiers;
 pub mod users;
 pub mod version;
 
-pub use apply::{apply, apply_all, apply_all_declaring, apply_shared, plan, plan_all};
+pub use apply::{
+    SharedApplied, apply, apply_all, apply_all_declaring, apply_shared, plan, plan_all,
+};
 pub use broker::BrokerCapabilities;
 pub use declare::AmqpDeclarer;
 pub use delete::{DeleteReport, EmptinessCheck, Kept, Removal, Removed, delete, delete_named};

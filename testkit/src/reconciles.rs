@@ -22,3 +22,13 @@ pub fn reconciles_in(metrics: &str) -> (u64, u64) {
     }
     (ok, failed)
 }
+
+/// `mailer_controller_policies_ahead_total` in `metrics`: the reconciles that stopped
+/// after a new pipeline's policies, each followed by a second for the rest; 0 when none.
+pub fn policies_ahead_in(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("mailer_controller_policies_ahead_total "))
+        .and_then(|n| n.trim().parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}

@@ -55,14 +55,28 @@ pub struct Applied {
     pub drained: Vec<String>,
 }
 
-/// Applies what is desired, and says whether KEDA scales the workers.
+/// How far applying went.
+#[derive(Debug)]
+pub enum Applying {
+    /// Everything desired is so; with whether KEDA scales the workers.
+    Done(Box<Applied>, Autoscaling),
+    /// Only the vhost and the policies were written, with those of other pipelines of
+    /// the vhost being made at once: the rest waits until the vhost's policies have
+    /// settled (see [`topology::apply_shared`]). Nothing in Kubernetes was written.
+    PoliciesAhead,
+}
+
+/// Applies what is desired, and says whether KEDA scales the workers. With
+/// `policies_ahead`, a pipeline made among others of its vhost may stop after its
+/// policies ([`Applying::PoliciesAhead`]).
 pub async fn apply(
     ctx: &Context,
     valid: &Validated<'_>,
     resolved: &Resolved,
     desired: &Desired,
     claimed: &Claimed,
-) -> Result<(Applied, Autoscaling), Error> {
+    policies_ahead: bool,
+) -> Result<Applying, Error> {
     let client = &ctx.client;
     let namespace = &valid.key.namespace;
     let management = &valid.broker.management;
@@ -86,13 +100,18 @@ pub async fn apply(
             vhost: vhost.clone(),
         });
     }
-    let topology_changes = topology::apply_shared(
+    let shared = topology::apply_shared(
         management,
         &desired.topology,
         ctx.settings.definitions_max_age,
         ctx.settings.policy_window,
+        policies_ahead,
     )
     .await?;
+    if shared.rest_deferred {
+        return Ok(Applying::PoliciesAhead);
+    }
+    let topology_changes = shared.changes;
 
     let mut reapplied_objects = Vec::new();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
@@ -164,7 +183,7 @@ pub async fn apply(
         reapplied_objects,
         deployment: applied.or_else(|| resolved.owned.deployment.clone()),
     };
-    Ok((applied, autoscaling))
+    Ok(Applying::Done(Box::new(applied), autoscaling))
 }
 
 /// Gives up what the pipeline holds and no longer wants (see [`crate::controller::reconcile::retire`]): its

@@ -9,7 +9,9 @@
 //! 4. [`claim`]: what the pipeline holds in the broker, and the claims it needs, decided
 //!    under the broker's locks; a pipeline refused here has written nothing.
 //! 5. [`apply`]: make it so, each write skipped when already so; what the pipeline
-//!    no longer needs goes last ([`retire`]).
+//!    no longer needs goes last ([`retire`]). A pipeline made among others of its vhost
+//!    stops after its policies and is reconciled again once the vhost's have settled
+//!    ([`crate::controller::runtime::ahead`]).
 //! 6. [`observe`]: the queues' depths and whether their policies apply as written.
 //! 7. [`report`]: the status (written only when it changed), the gauges, the events.
 //!
@@ -45,9 +47,10 @@ use crate::controller::key::PipelineKey;
 use crate::controller::objects::autoscaling::{Autoscaling, workers_short};
 use crate::controller::objects::worker_secret::generate_password;
 use crate::controller::reasons::event;
+use crate::controller::runtime::ahead::AHEAD_AT_MOST;
 use crate::spec::MailerPipeline;
-use crate::topology::{Requests, counted};
-use apply::Applied;
+use crate::topology::{Management, Requests, counted};
+use apply::{Applied, Applying};
 use observe::Observed;
 use resolve::Owned;
 
@@ -105,10 +108,19 @@ async fn reconcile_live(
     // Boxed: the steps' future is large, and a reconcile may run on a small stack. The
     // management API's requests are counted for this reconcile alone.
     let (outcome, rabbitmq) = counted(Box::pin(steps(ctx, pipeline, key, owned.clone()))).await;
-    let outcome = outcome.map(|converged| Converged {
-        rabbitmq,
-        ..converged
-    });
+    let outcome = match outcome {
+        Ok(Stage::PoliciesAhead { management, vhost }) => {
+            ctx.ahead.went_ahead(key, &management, &vhost);
+            ctx.metrics.went_ahead();
+            return Ok(Action::requeue(AHEAD_AT_MOST));
+        }
+        Ok(Stage::Converged(converged)) => Ok(Converged {
+            rabbitmq,
+            ..*converged
+        }),
+        Err(e) => Err(e),
+    };
+    ctx.ahead.done(key);
     if let Err(Error::NotAllowed { .. }) = &outcome {
         revoke_access(pipeline, ctx).await;
     }
@@ -117,13 +129,24 @@ async fn reconcile_live(
     outcome.map(|_| Action::requeue(ctx.resync_after(&resync_key(pipeline))))
 }
 
+/// How far steps 1 to 6 went.
+enum Stage {
+    Converged(Box<Converged>),
+    /// The pipeline was made among others of its vhost and stopped after its policies
+    /// (see [`crate::controller::runtime::ahead`]): nothing to report yet.
+    PoliciesAhead {
+        management: Arc<Management>,
+        vhost: String,
+    },
+}
+
 /// Steps 1 to 6.
 async fn steps(
     ctx: &Context,
     pipeline: &MailerPipeline,
     key: &PipelineKey,
     owned: Owned,
-) -> Result<Converged, Error> {
+) -> Result<Stage, Error> {
     let workers_short = owned.deployment.as_ref().is_some_and(workers_short);
     // 1. resolve
     let resolved = resolve::resolve(ctx, pipeline, key, owned).await?;
@@ -134,7 +157,17 @@ async fn steps(
     // 4. claim
     let claimed = claim::claim(ctx, &valid, &desired).await?;
     // 5. apply
-    let (applied, autoscaling) = apply::apply(ctx, &valid, &resolved, &desired, &claimed).await?;
+    let ahead = ctx.ahead.may_go_ahead(key);
+    let (applied, autoscaling) =
+        match apply::apply(ctx, &valid, &resolved, &desired, &claimed, ahead).await? {
+            Applying::Done(applied, autoscaling) => (*applied, autoscaling),
+            Applying::PoliciesAhead => {
+                return Ok(Stage::PoliciesAhead {
+                    management: valid.broker.management.clone(),
+                    vhost: desired.topology.vhost.clone(),
+                });
+            }
+        };
     // 6. observe, at most every `queue_depth_interval`; in between the status keeps the last.
     let management = &valid.broker.management;
     let mut observed = match ctx.queue_depths_due(key) {
@@ -150,13 +183,13 @@ async fn steps(
     let vhost = &desired.topology.vhost;
     observed.provider_key =
         observe::provider_key(management, vhost, worker_user, workers_short).await;
-    Ok(Converged {
+    Ok(Stage::Converged(Box::new(Converged {
         applied,
         autoscaling,
         observed,
         worker_user: desired.credentials.username.clone(),
         rabbitmq: Requests::default(),
-    })
+    })))
 }
 
 /// Reconciles a pipeline as the root watch read it: one that could not be deserialized

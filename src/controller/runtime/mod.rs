@@ -1,7 +1,8 @@
-//! What runs the reconciles: the watches that trigger them ([`watch`], [`index`]) and
-//! leader election ([`leader`]). The context they share is [`super::context`], their
+//! What runs the reconciles: the watches that trigger them ([`watch`], [`index`], and
+//! [`ahead`] for pipelines made together) and leader election ([`leader`]). The context they share is [`super::context`], their
 //! metrics [`super::metrics`].
 
+pub mod ahead;
 pub mod index;
 pub mod leader;
 pub mod watch;

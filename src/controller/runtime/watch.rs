@@ -123,6 +123,7 @@ async fn controller_for(
     let by_secret = index.clone();
     let mut controller = Controller::for_stream(pipelines, reader)
         .with_config(Config::default().concurrency(ctx.settings.concurrency))
+        .reconcile_on(ctx.ahead.triggers(namespace))
         .owns_stream(deployment_events)
         .owns_stream(secret_events)
         .watches_stream(

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use tokio::sync::oneshot;
@@ -26,7 +26,8 @@ use crate::topology::error::TopologyError;
 /// One reconcile's policies in a batch, and where its outcome goes.
 struct Submission {
     policies: Vec<Policy>,
-    done: oneshot::Sender<Result<(), TopologyError>>,
+    /// The outcome, and how many submissions the batch held.
+    done: oneshot::Sender<Result<usize, TopologyError>>,
 }
 
 /// The open batch of each vhost of a client, and who writes there now.
@@ -36,6 +37,8 @@ pub(in crate::topology) struct PolicyBatches {
     /// Held while a batch of the vhost is written: one import at a time per vhost (two
     /// at once only slow each other down), the next batch open meanwhile.
     writers: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// When each vhost last had a submission or a batch written.
+    last_busy: Mutex<HashMap<String, Instant>>,
 }
 
 impl PolicyBatches {
@@ -47,21 +50,65 @@ impl PolicyBatches {
         let mut writers = self.writers.lock().unwrap_or_else(PoisonError::into_inner);
         writers.entry(vhost.to_string()).or_default().clone()
     }
+
+    fn busy_now(&self, vhost: &str) {
+        let mut last = self
+            .last_busy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        last.insert(vhost.to_string(), Instant::now());
+    }
+
+    /// How long `vhost` has had no batch open or being written (since the client began,
+    /// for a vhost that never had one); `None` while one is.
+    fn idle_for(&self, vhost: &str) -> Option<Duration> {
+        if self.lock().contains_key(vhost) {
+            return None;
+        }
+        let writing = self
+            .writers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(vhost)
+            .is_some_and(|writer| writer.try_lock().is_err());
+        if writing {
+            return None;
+        }
+        let last = self
+            .last_busy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Some(last.get(vhost).map_or(Duration::MAX, Instant::elapsed))
+    }
+}
+
+/// Returns once `vhost` has had no policies submitted or written through `management`
+/// for `quiet`: the work that writes a vhost's policies ahead of its queues
+/// (`defer_rest` of [`crate::topology::apply_shared`]) makes the queues after this.
+pub async fn policies_settled(management: &Management, vhost: &str, quiet: Duration) {
+    loop {
+        match management.policy_batches.idle_for(vhost) {
+            Some(idle) if idle >= quiet => return,
+            Some(idle) => tokio::time::sleep(quiet - idle).await,
+            None => tokio::time::sleep(quiet / 4).await,
+        }
+    }
 }
 
 /// Writes `policies` into `vhost` together with those other work of `management`
 /// submits for the same vhost within `window` of the first (or until the vhost's batch
 /// before is written, if later); returns once they are written, with the outcome of
-/// these alone.
+/// these alone and how many submissions their batch held (0 for no policies).
 pub async fn put_policies_together(
     management: &Arc<Management>,
     vhost: &str,
     policies: Vec<Policy>,
     window: Duration,
-) -> Result<(), TopologyError> {
+) -> Result<usize, TopologyError> {
     if policies.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
+    management.policy_batches.busy_now(vhost);
     let count = policies.len();
     let (done, outcome) = oneshot::channel();
     let submission = Submission { policies, done };
@@ -92,6 +139,7 @@ pub async fn put_policies_together(
                 .remove(&vhost)
                 .unwrap_or_default();
             write_batch(&management, &vhost, batch).await;
+            management.policy_batches.busy_now(&vhost);
         });
     }
     let written = outcome.await.unwrap_or_else(|_| {
@@ -109,6 +157,7 @@ pub async fn put_policies_together(
 }
 
 async fn write_batch(management: &Management, vhost: &str, batch: Vec<Submission>) {
+    let submissions = batch.len();
     let all: Vec<&Policy> = batch.iter().flat_map(|s| s.policies.iter()).collect();
     let imported = match management.import_policies(vhost, &all).await {
         Ok(imported) => imported,
@@ -119,7 +168,7 @@ async fn write_batch(management: &Management, vhost: &str, batch: Vec<Submission
     };
     if imported {
         for submission in batch {
-            let _ = submission.done.send(Ok(()));
+            let _ = submission.done.send(Ok(submissions));
         }
         return;
     }
@@ -133,7 +182,7 @@ async fn write_batch(management: &Management, vhost: &str, batch: Vec<Submission
                 };
                 management.write(vhost, &change).await?;
             }
-            Ok(())
+            Ok(submissions)
         }
         .await;
         let _ = submission.done.send(written);

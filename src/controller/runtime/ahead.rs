@@ -1,0 +1,105 @@
+//! Pipelines made together in one vhost (a GitOps sync of hundreds, the first pass after
+//! an install) write their policies ahead of their exchanges and queues.
+//!
+//! RabbitMQ sets each policy it is given against every exchange and queue of the vhost,
+//! so the policies of the hundredth pipeline cost far more once the first ninety-nine
+//! have their queues than in a vhost still empty. With `--concurrency` reconciles at a
+//! time, the policies of later pipelines would always land among the queues of earlier
+//! ones. So a pipeline whose policies went in a batch with others' (see
+//! [`crate::topology::apply_shared`]) stops after them and is reconciled again once the
+//! vhost has had no policy to write for [`SETTLED_AFTER`]: by then the pipelines
+//! reconciled after it have written theirs, and the exchanges and queues of all of them
+//! are made after every policy. That is two reconciles for such a pipeline, one for a
+//! pipeline made alone.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::Stream;
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::mpsc;
+
+use crate::controller::key::PipelineKey;
+use crate::controller::runtime::index::Guarded;
+use crate::topology::Management;
+use crate::topology::management::together::policies_settled;
+
+/// How long a vhost has no policies to write before the pipelines that wrote theirs
+/// ahead make their exchanges and queues: longer than a reconcile takes to reach its
+/// policies, so the reconciles still to run in a first pass keep it busy.
+pub const SETTLED_AFTER: Duration = Duration::from_secs(1);
+
+/// When a pipeline that went ahead is reconciled again if its vhost never settles (or
+/// the controller that would reconcile it is gone).
+pub const AHEAD_AT_MOST: Duration = Duration::from_secs(30);
+
+/// The pipelines waiting for their vhost's policies to settle, and how their controllers
+/// are told to reconcile them again.
+#[derive(Default)]
+pub struct PoliciesAhead {
+    waiting: Mutex<HashSet<PipelineKey>>,
+    controllers: Mutex<Vec<Inbox>>,
+}
+
+/// Where a controller takes pipelines to reconcile, and its scope (a namespace, or all).
+struct Inbox {
+    scope: Option<String>,
+    sender: mpsc::UnboundedSender<ObjectRef<Guarded>>,
+}
+
+impl PoliciesAhead {
+    /// Whether `key` may stop after its policies: not when it did so last time (its
+    /// policies are then written, or the vhost is always busy).
+    pub fn may_go_ahead(&self, key: &PipelineKey) -> bool {
+        !self.waiting().contains(key)
+    }
+
+    /// `key` wrote its policies ahead into `vhost` of `management`: it is reconciled
+    /// again once they have settled there.
+    pub fn went_ahead(&self, key: &PipelineKey, management: &Arc<Management>, vhost: &str) {
+        self.waiting().insert(key.clone());
+        let controller = self
+            .controllers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .find(|inbox| inbox.scope.as_ref().is_none_or(|ns| *ns == key.namespace))
+            .map(|inbox| inbox.sender.clone());
+        let Some(controller) = controller else {
+            return;
+        };
+        let (management, vhost) = (management.clone(), vhost.to_string());
+        let object = ObjectRef::new(&key.name).within(&key.namespace);
+        tokio::spawn(async move {
+            policies_settled(&management, &vhost, SETTLED_AFTER).await;
+            // A controller that stopped takes no more: nothing to tell.
+            let _ = controller.send(object);
+        });
+    }
+
+    /// `key` was reconciled through (or failed): it may go ahead again later.
+    pub fn done(&self, key: &PipelineKey) {
+        self.waiting().remove(key);
+    }
+
+    /// The pipelines of `scope` (a namespace, or all) to reconcile again, for its
+    /// controller's `reconcile_on`.
+    pub fn triggers(&self, scope: Option<&str>) -> impl Stream<Item = ObjectRef<Guarded>> + use<> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        self.controllers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Inbox {
+                scope: scope.map(str::to_string),
+                sender,
+            });
+        futures::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|object| (object, receiver))
+        })
+    }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, HashSet<PipelineKey>> {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
