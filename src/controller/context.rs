@@ -95,7 +95,7 @@ pub struct Context {
     /// One management client per broker endpoint, shared by every reconcile.
     pub brokers: Clients,
     /// Pipelines that wrote their policies ahead of their queues, waiting.
-    pub ahead: PoliciesAhead,
+    pub ahead: Arc<PoliciesAhead>,
 }
 
 impl Context {
@@ -121,7 +121,7 @@ impl Context {
             owned: OwnedCaches::default(),
             keda: KedaDiscovery::default(),
             brokers: Clients::default(),
-            ahead: PoliciesAhead::default(),
+            ahead: Arc::default(),
         }
     }
 

@@ -16,11 +16,13 @@
 //! without policies each costs the same. And no tenant, who holds permissions on its own
 //! vhosts only, can declare a lock to hold another's claim up.
 //!
-//! Locks are taken in the order of their names and, when one is held by someone else,
-//! every lock taken is released before trying again, so two lockers of overlapping names
-//! never wait for each other.
+//! A claim's locks are tried all at once and, when one is held by someone else, every
+//! lock taken is released before trying again after a pause of its own, so two lockers
+//! of overlapping names never wait for each other (and do not keep meeting).
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::future::join_all;
 
 use rabbitmq_http_client::requests::VirtualHostParams;
 
@@ -60,6 +62,15 @@ pub fn lock_name(claim: &Claim) -> String {
     format!("{LOCK_PREFIX}{hex}")
 }
 
+/// Up to [`RETRY`] more, different for lockers trying at once, so two that each took
+/// some of the other's locks do not keep meeting.
+fn jitter() -> Duration {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.subsec_nanos());
+    Duration::from_nanos(u64::from(nanos) % RETRY.as_nanos() as u64)
+}
+
 fn lock_arguments(holder: &str) -> Map<String, Value> {
     let Value::Object(arguments) = json!({
         "x-queue-type": "classic",
@@ -90,21 +101,21 @@ impl Management {
                 management: self,
                 queues: Vec::new(),
             };
+            let tries = join_all(names.iter().map(|name| self.try_lock(name, holder))).await;
             let mut busy = None;
-            for name in &names {
-                match self.try_lock(name, holder).await {
+            let mut failed = None;
+            for (name, tried) in names.iter().zip(tries) {
+                match tried {
                     Ok(true) => locks.queues.push(name.clone()),
-                    Ok(false) => {
-                        busy = Some(name.clone());
-                        break;
-                    }
-                    Err(e) => {
-                        locks.release().await;
-                        // The vhost may have been removed: made again at the next claim.
-                        *self.lock_vhost_ready.lock().await = false;
-                        return Err(e);
-                    }
+                    Ok(false) => busy = Some(name.clone()),
+                    Err(e) => failed = Some(e),
                 }
+            }
+            if let Some(e) = failed {
+                locks.release().await;
+                // The vhost may have been removed: made again at the next claim.
+                *self.lock_vhost_ready.lock().await = false;
+                return Err(e);
             }
             let Some(busy) = busy else {
                 return Ok(locks);
@@ -120,7 +131,7 @@ impl Management {
                     ),
                 });
             }
-            tokio::time::sleep(RETRY).await;
+            tokio::time::sleep(RETRY + jitter()).await;
         }
     }
 

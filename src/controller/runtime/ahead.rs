@@ -31,8 +31,10 @@ use crate::topology::management::together::policies_settled;
 pub const SETTLED_AFTER: Duration = Duration::from_secs(1);
 
 /// When a pipeline that went ahead is reconciled again if its vhost never settles (or
-/// the controller that would reconcile it is gone).
-pub const AHEAD_AT_MOST: Duration = Duration::from_secs(30);
+/// the controller that would reconcile it is gone): long beside a first pass's policies
+/// (a pipeline that came back before the others had written theirs would make its
+/// queues among them).
+pub const AHEAD_AT_MOST: Duration = Duration::from_secs(300);
 
 /// The pipelines waiting for their vhost's policies to settle, and how their controllers
 /// are told to reconcile them again.
@@ -57,7 +59,12 @@ impl PoliciesAhead {
 
     /// `key` wrote its policies ahead into `vhost` of `management`: it is reconciled
     /// again once they have settled there.
-    pub fn went_ahead(&self, key: &PipelineKey, management: &Arc<Management>, vhost: &str) {
+    pub fn went_ahead(
+        self: &Arc<Self>,
+        key: &PipelineKey,
+        management: &Arc<Management>,
+        vhost: &str,
+    ) {
         self.waiting().insert(key.clone());
         let controller = self
             .controllers
@@ -70,11 +77,15 @@ impl PoliciesAhead {
             return;
         };
         let (management, vhost) = (management.clone(), vhost.to_string());
-        let object = ObjectRef::new(&key.name).within(&key.namespace);
+        let (ahead, key) = (self.clone(), key.clone());
         tokio::spawn(async move {
             policies_settled(&management, &vhost, SETTLED_AFTER).await;
-            // A controller that stopped takes no more: nothing to tell.
-            let _ = controller.send(object);
+            // Unless reconciled through meanwhile (its fallback requeue, a change of it).
+            if ahead.waiting().contains(&key) {
+                let object = ObjectRef::new(&key.name).within(&key.namespace);
+                // A controller that stopped takes no more: nothing to tell.
+                let _ = controller.send(object);
+            }
         });
     }
 
