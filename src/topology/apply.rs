@@ -209,18 +209,18 @@ pub struct SharedApplied {
 /// the policies to write go together with those of the other work of this client for the
 /// same vhost within that window ([`super::management::together`]).
 ///
-/// With `defer_rest`, when the policies went in a batch with others' (many pipelines of
-/// the vhost being made at once) and exchanges or queues are still to make, it stops
-/// there: RabbitMQ sets each policy against every exchange and queue of the vhost, so
-/// the others' policies cost least written before any of these exist. The caller makes
-/// the rest once the vhost's policies have settled
-/// ([`together::policies_settled`]).
+/// With `defer_rest: Some(recent)`, when the policies went in a batch with others', or
+/// others were written into the vhost within `recent` before them (many pipelines of the
+/// vhost being made at once), and exchanges or queues are still to make, it stops there:
+/// RabbitMQ sets each policy against every exchange and queue of the vhost, so the
+/// others' policies cost least written before any of these exist. The caller makes the
+/// rest once the vhost's policies have settled ([`together::policies_settled`]).
 pub async fn apply_shared(
     management: &Arc<Management>,
     topology: &Topology,
     max_age: Duration,
     policy_window: Duration,
-    defer_rest: bool,
+    defer_rest: Option<Duration>,
 ) -> Result<SharedApplied, TopologyError> {
     let view = match management.shared_snapshot(&topology.vhost, max_age).await? {
         Some(snapshot) => VhostView::Definitions(snapshot),
@@ -256,7 +256,8 @@ pub async fn apply_shared(
             _ => None,
         })
         .collect();
-    let batch = together::put_policies_together(management, vhost, policies, policy_window).await?;
+    let written =
+        together::put_policies_together(management, vhost, policies, policy_window).await?;
     for change in ahead
         .iter()
         .filter(|c| matches!(c, Change::PutPolicy { .. }))
@@ -266,7 +267,8 @@ pub async fn apply_shared(
     let makes_objects = others
         .iter()
         .any(|change| matches!(change, Change::CreateExchange(_) | Change::CreateQueue(_)));
-    if defer_rest && batch > 1 && makes_objects {
+    let among_others = defer_rest.is_some_and(|recent| written.among_others(recent));
+    if among_others && makes_objects {
         return Ok(SharedApplied {
             changes: ahead,
             rest_deferred: true,

@@ -5,9 +5,10 @@
 //! so the policies of the hundredth pipeline cost far more once the first ninety-nine
 //! have their queues than in a vhost still empty. With `--concurrency` reconciles at a
 //! time, the policies of later pipelines would always land among the queues of earlier
-//! ones. So a pipeline whose policies went in a batch with others' (see
-//! [`crate::topology::apply_shared`]) stops after them and is reconciled again once the
-//! vhost has had no policy to write for [`SETTLED_AFTER`]: by then the pipelines
+//! ones. So a pipeline whose policies went in a batch with others', or less than
+//! [`SETTLED_AFTER`] after others (see [`crate::topology::apply_shared`]), stops after
+//! them and is reconciled again once the vhost has had no policy to write for as long:
+//! by then the pipelines
 //! reconciled after it have written theirs, and the exchanges and queues of all of them
 //! are made after every policy. That is two reconciles for such a pipeline, one for a
 //! pipeline made alone.

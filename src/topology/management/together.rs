@@ -95,19 +95,41 @@ pub async fn policies_settled(management: &Management, vhost: &str, quiet: Durat
     }
 }
 
+/// How a submission's policies were written among others'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// How many submissions the batch held (0 for no policies).
+    pub batch: usize,
+    /// How long the vhost had had no batch open or being written before these came;
+    /// `None` when one was.
+    pub idle_before: Option<Duration>,
+}
+
+impl Written {
+    /// Whether other work wrote policies into the vhost with these, or within `recent`
+    /// before them.
+    pub fn among_others(&self, recent: Duration) -> bool {
+        self.batch > 1 || self.idle_before.is_none_or(|idle| idle < recent)
+    }
+}
+
 /// Writes `policies` into `vhost` together with those other work of `management`
 /// submits for the same vhost within `window` of the first (or until the vhost's batch
 /// before is written, if later); returns once they are written, with the outcome of
-/// these alone and how many submissions their batch held (0 for no policies).
+/// these alone and what they were written among.
 pub async fn put_policies_together(
     management: &Arc<Management>,
     vhost: &str,
     policies: Vec<Policy>,
     window: Duration,
-) -> Result<usize, TopologyError> {
+) -> Result<Written, TopologyError> {
     if policies.is_empty() {
-        return Ok(0);
+        return Ok(Written {
+            batch: 0,
+            idle_before: Some(Duration::MAX),
+        });
     }
+    let idle_before = management.policy_batches.idle_for(vhost);
     management.policy_batches.busy_now(vhost);
     let count = policies.len();
     let (done, outcome) = oneshot::channel();
@@ -153,7 +175,7 @@ pub async fn put_policies_together(
         // Written by the batch's task: counted for the work that asked for them.
         management.tally_writes(count);
     }
-    written
+    written.map(|batch| Written { batch, idle_before })
 }
 
 async fn write_batch(management: &Management, vhost: &str, batch: Vec<Submission>) {
