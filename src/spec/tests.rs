@@ -174,6 +174,19 @@ fn names_must_be_present_short_unreserved_and_distinct() {
 }
 
 #[test]
+fn the_vhost_of_the_operators_claim_locks_is_not_a_pipelines() {
+    let found = problems("rabbitmq: {vhost: mailer.claim-locks}");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with(
+            "spec.rabbitmq.vhost: \"mailer.claim-locks\" holds the operator's claim locks"
+        ),
+        "{found:?}"
+    );
+    assert!(problems("rabbitmq: {vhost: mailer.claim-locks.2}").is_empty());
+}
+
+#[test]
 fn an_unknown_field_is_an_error_that_names_it() {
     let err = serde_yaml::from_str::<MailerPipelineSpec>("topology: {retryDelya: 5m}").unwrap_err();
     assert!(err.to_string().contains("retryDelya"), "{err}");
