@@ -74,6 +74,9 @@ pub fn retry_tier_waiting(by_attempt: usize, delays: &[Duration], retry_after: D
 /// how the operator learns why the workers are not ready, for the pipeline's
 /// `WorkerReady` condition, without reaching into the pods.
 pub const CREDENTIALS_REFUSED_CONNECTION: &str = "mailer-worker: the provider refuses the key";
+/// The vhost the operator keeps its claim locks in (`topology::claim_lock`), the same
+/// for every operator sharing a broker: no pipeline may name it.
+pub const CLAIM_LOCK_VHOST: &str = "mailer.claim-locks";
 /// The fanout exchange that requests which never will succeed are published to.
 pub const DEAD_EXCHANGE: &str = "mail.dead";
 /// The queue bound to [`DEAD_EXCHANGE`] that keeps dead letters for people to inspect.

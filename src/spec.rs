@@ -411,12 +411,12 @@ impl MailerPipelineSpec {
                 "rabbitmq.vhost",
                 "must not be empty (the default vhost is \"/\")".into(),
             );
-        } else if self.rabbitmq.vhost == crate::topology::claim_lock::LOCK_VHOST {
+        } else if self.rabbitmq.vhost == crate::mail::CLAIM_LOCK_VHOST {
             problem(
                 "rabbitmq.vhost",
                 format!(
                     "{:?} holds the operator's claim locks; choose another vhost",
-                    crate::topology::claim_lock::LOCK_VHOST
+                    crate::mail::CLAIM_LOCK_VHOST
                 ),
             );
         }

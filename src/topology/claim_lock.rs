@@ -9,7 +9,7 @@
 //! UID finds it. Its `x-expires` lets the broker remove a lock whose holder died before
 //! releasing it. Nothing is ever routed to it.
 //!
-//! Locks live in a vhost of their own ([`LOCK_VHOST`]), made at a client's first claim,
+//! Locks live in a vhost of their own ([`CLAIM_LOCK_VHOST`]), made at a client's first claim,
 //! which no pipeline may use: RabbitMQ matches every queue declared in a vhost against
 //! each of the vhost's policies, so locks declared among a thousand pipelines' policies
 //! cost the broker more with each pipeline (see `docs/benchmarks.md`), while in a vhost
@@ -32,11 +32,10 @@ use serde_json::{Map, Value, json};
 use super::error::TopologyError;
 use super::management::Management;
 use super::ownership::Claim;
+use crate::mail::CLAIM_LOCK_VHOST;
 
 /// What lock queues' names start with.
 pub const LOCK_PREFIX: &str = "mailer.claim-lock.";
-/// The vhost the locks live in, the same for every operator sharing a broker.
-pub const LOCK_VHOST: &str = "mailer.claim-locks";
 /// How long the broker keeps a lock nobody declares again: longer than any claim takes,
 /// short enough that a locker that died holds nobody up for long.
 const LOCK_EXPIRES: Duration = Duration::from_secs(30);
@@ -123,7 +122,7 @@ impl Management {
             locks.release().await;
             if Instant::now() >= deadline {
                 return Err(TopologyError::Refused {
-                    action: format!("lock a claim ({busy} in vhost {LOCK_VHOST:?})"),
+                    action: format!("lock a claim ({busy} in vhost {CLAIM_LOCK_VHOST:?})"),
                     status: 503,
                     reason: format!(
                         "another claim of the same name has held its lock for over {}s",
@@ -144,7 +143,7 @@ impl Management {
             return Ok(());
         }
         let params = VirtualHostParams {
-            name: LOCK_VHOST,
+            name: CLAIM_LOCK_VHOST,
             description: Some("claim locks of the mailer operator; holds no pipeline"),
             tags: None,
             default_queue_type: None,
@@ -152,11 +151,16 @@ impl Management {
         };
         self.bounded_write(self.api.create_vhost(&params))
             .await
-            .map_err(|e| self.error(&format!("create vhost {LOCK_VHOST:?}"), e))?;
+            .map_err(|e| self.error(&format!("create vhost {CLAIM_LOCK_VHOST:?}"), e))?;
         let user = &self.endpoint().username;
-        self.bounded_write(self.api.grant_full_permissions(user, LOCK_VHOST))
+        self.bounded_write(self.api.grant_full_permissions(user, CLAIM_LOCK_VHOST))
             .await
-            .map_err(|e| self.error(&format!("grant {user:?} permissions on {LOCK_VHOST:?}"), e))?;
+            .map_err(|e| {
+                self.error(
+                    &format!("grant {user:?} permissions on {CLAIM_LOCK_VHOST:?}"),
+                    e,
+                )
+            })?;
         *ready = true;
         Ok(())
     }
@@ -169,9 +173,9 @@ impl Management {
             "auto_delete": false,
             "arguments": lock_arguments(holder),
         });
-        let action = format!("declare the lock queue {name:?} in vhost {LOCK_VHOST:?}");
+        let action = format!("declare the lock queue {name:?} in vhost {CLAIM_LOCK_VHOST:?}");
         match self
-            .put_json(&["queues", LOCK_VHOST, name], &body, &action)
+            .put_json(&["queues", CLAIM_LOCK_VHOST, name], &body, &action)
             .await?
         {
             200..=299 => Ok(true),
@@ -192,10 +196,10 @@ impl ClaimLocks<'_> {
         let management = self.management;
         let removals = self.queues.iter().map(|name| async move {
             let removed = management
-                .bounded_write(management.api.delete_queue(LOCK_VHOST, name, true))
+                .bounded_write(management.api.delete_queue(CLAIM_LOCK_VHOST, name, true))
                 .await;
             if let Err(e) = removed {
-                tracing::warn!(vhost = LOCK_VHOST, queue = %name, error = %e, "could not remove a claim lock; the broker expires it");
+                tracing::warn!(vhost = CLAIM_LOCK_VHOST, queue = %name, error = %e, "could not remove a claim lock; the broker expires it");
             }
         });
         futures::future::join_all(removals).await;

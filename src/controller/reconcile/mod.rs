@@ -79,7 +79,11 @@ pub async fn reconcile(pipeline: Arc<MailerPipeline>, ctx: Arc<Context>) -> Resu
     let result = finalizer(&api, FINALIZER, pipeline, |event| async {
         match event {
             FinalizerEvent::Apply(pipeline) => reconcile_live(&pipeline, &key, &ctx).await,
-            FinalizerEvent::Cleanup(pipeline) => cleanup::cleanup(&pipeline, &key, &ctx).await,
+            FinalizerEvent::Cleanup(pipeline) => {
+                // Deleted between its two reconciles: no second one is waited for.
+                ctx.ahead.done(&key);
+                cleanup::cleanup(&pipeline, &key, &ctx).await
+            }
         }
     })
     .await
