@@ -23,9 +23,7 @@
 //! other's names, release, and meet again round after round: a test of two controllers
 //! claiming at once saw both give up after 10 s on RabbitMQ 4.0.)
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-use rabbitmq_http_client::requests::VirtualHostParams;
+use std::time::{Duration, Instant};
 
 use ring::digest::{SHA256, digest};
 use serde_json::{Map, Value, json};
@@ -60,15 +58,6 @@ pub fn lock_name(claim: &Claim) -> String {
         .map(|b| format!("{b:02x}"))
         .collect();
     format!("{LOCK_PREFIX}{hex}")
-}
-
-/// Up to [`RETRY`] more, different for lockers trying at once, so two that each took
-/// some of the other's locks do not keep meeting.
-fn jitter() -> Duration {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.subsec_nanos());
-    Duration::from_nanos(u64::from(nanos) % RETRY.as_nanos() as u64)
 }
 
 fn lock_arguments(holder: &str) -> Map<String, Value> {
@@ -131,7 +120,7 @@ impl Management {
                     ),
                 });
             }
-            tokio::time::sleep(RETRY + jitter()).await;
+            tokio::time::sleep(RETRY).await;
         }
     }
 
@@ -143,25 +132,18 @@ impl Management {
         if *ready {
             return Ok(());
         }
-        let params = VirtualHostParams {
-            name: CLAIM_LOCK_VHOST,
-            description: Some("claim locks of the mailer operator; holds no pipeline"),
-            tags: None,
-            default_queue_type: None,
-            tracing: false,
-        };
-        self.bounded_write(self.api.create_vhost(&params))
-            .await
-            .map_err(|e| self.error(&format!("create vhost {CLAIM_LOCK_VHOST:?}"), e))?;
-        let user = &self.endpoint().username;
-        self.bounded_write(self.api.grant_full_permissions(user, CLAIM_LOCK_VHOST))
-            .await
-            .map_err(|e| {
-                self.error(
-                    &format!("grant {user:?} permissions on {CLAIM_LOCK_VHOST:?}"),
-                    e,
-                )
-            })?;
+        self.create_vhost_granted(
+            CLAIM_LOCK_VHOST,
+            "claim locks of the mailer operator; holds no pipeline",
+        )
+        .await
+        .map_err(|e| {
+            let user = &self.endpoint().username;
+            self.error(
+                &format!("create vhost {CLAIM_LOCK_VHOST:?} and grant {user:?} permissions there"),
+                e,
+            )
+        })?;
         *ready = true;
         Ok(())
     }

@@ -408,19 +408,8 @@ impl Management {
     async fn request(&self, vhost: &str, change: &Change) -> Result<(), HttpClientError> {
         match change {
             Change::CreateVhost(name) => {
-                let params = VirtualHostParams {
-                    name,
-                    description: Some("mail pipeline managed by mailer"),
-                    tags: None,
-                    default_queue_type: None,
-                    tracing: false,
-                };
-                self.bounded_write(self.api.create_vhost(&params)).await?;
-                self.bounded_write(
-                    self.api
-                        .grant_full_permissions(&self.endpoint.username, name),
-                )
-                .await
+                self.create_vhost_granted(name, "mail pipeline managed by mailer")
+                    .await
             }
             Change::CreateExchange(exchange) => {
                 let params = ExchangeParams {
@@ -463,6 +452,28 @@ impl Management {
                 self.bounded_write(self.api.declare_policy(&params)).await
             }
         }
+    }
+
+    /// Creates vhost `name` (a PUT: one that exists is left as it is) and grants this
+    /// client's user full permissions there.
+    pub(super) async fn create_vhost_granted(
+        &self,
+        name: &str,
+        description: &str,
+    ) -> Result<(), HttpClientError> {
+        let params = VirtualHostParams {
+            name,
+            description: Some(description),
+            tags: None,
+            default_queue_type: None,
+            tracing: false,
+        };
+        self.bounded_write(self.api.create_vhost(&params)).await?;
+        self.bounded_write(
+            self.api
+                .grant_full_permissions(&self.endpoint.username, name),
+        )
+        .await
     }
 
     pub async fn delete_binding(&self, vhost: &str, b: &Binding) -> Result<(), TopologyError> {
