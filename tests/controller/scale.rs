@@ -103,6 +103,20 @@ async fn reconciled(h: &Harness, pipelines: usize) {
     .await;
 }
 
+/// Runs the first pass of `pipelines` until it settles, and checks that it made one
+/// reconcile per pipeline and a second only for those that wrote their policies ahead of
+/// their queues (at most 2 each), none failed.
+async fn first_pass(h: &Harness, pipelines: usize) {
+    run_until(h, async {
+        reconciled(h, pipelines).await;
+        quiet(h, Duration::from_secs(2)).await;
+    })
+    .await;
+    let (ahead, others) = reconciles_ahead(h);
+    assert_eq!(others, (pipelines as u64, 0), "{}", h.metrics());
+    assert!(ahead <= pipelines as u64, "{}", h.metrics());
+}
+
 /// Pipeline `i` in `vhost`, with names of its own, the broker through the `conn` Secret
 /// and the workers' user given in the `user` Secret.
 fn spec(vhost: &str, i: usize) -> Value {
@@ -138,14 +152,7 @@ async fn after_a_restart_pipelines_in_sync_cost_a_constant_and_write_nothing() {
     // wrote their policies ahead: the operator's own writes (the worker Secret and
     // Deployment, the connection Secret it holds) coming back through its watches
     // trigger none.
-    run_until(&h, async {
-        reconciled(&h, PIPELINES).await;
-        quiet(&h, Duration::from_secs(2)).await;
-    })
-    .await;
-    let (ahead, others) = reconciles_ahead(&h);
-    assert_eq!(others, (PIPELINES as u64, 0), "{}", h.metrics());
-    assert!(ahead <= PIPELINES as u64, "{}", h.metrics());
+    first_pass(&h, PIPELINES).await;
     for name in &names {
         let stored = h.fake.get(&pipeline_path(name)).expect("pipeline");
         assert_eq!(
@@ -240,16 +247,7 @@ async fn a_first_pass_costs_one_reconcile_and_bounded_requests_per_pipeline() {
     }
     h.fake.take_requests();
     proxy.take();
-    run_until(&h, async {
-        reconciled(&h, PIPELINES).await;
-        quiet(&h, Duration::from_secs(2)).await;
-    })
-    .await;
-    // One reconcile per pipeline, and a second for those that wrote their policies ahead
-    // of their queues (a first pass of pipelines in one vhost): at most 2.
-    let (ahead, others) = reconciles_ahead(&h);
-    assert_eq!(others, (PIPELINES as u64, 0), "{}", h.metrics());
-    assert!(ahead <= PIPELINES as u64, "{}", h.metrics());
+    first_pass(&h, PIPELINES).await;
 
     let broker = proxy.take();
     let paths: Vec<String> = broker
