@@ -11,6 +11,7 @@
 //! seconds of CPU for a large body; `docs/benchmarks.md`.)
 
 use std::fmt;
+use std::ops::ControlFlow;
 
 /// Why a body field is not a body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,23 +40,41 @@ impl fmt::Display for BodyProblem {
 /// Checks the JSON value `literal` is a string that decodes, and says whether it is
 /// empty. Allocates nothing.
 pub(super) fn check(literal: &str) -> Result<bool, BodyProblem> {
-    let inner = string_contents(literal)?;
-    decode_each(inner, |_| {})?;
+    let inner = contents(literal)?;
+    decode_each(inner, 0, |_| ControlFlow::Continue(()))?;
     Ok(inner.is_empty())
 }
 
 /// The JSON string `literal`, decoded, with a CR put before every LF that has none
 /// (a lone CR is kept), in one buffer that is never grown.
 pub(super) fn decode_crlf(literal: &str) -> Result<String, BodyProblem> {
-    let inner = string_contents(literal)?;
+    let inner = contents(literal)?;
     // No escape decodes to more bytes than it takes (`\n` to CRLF: two for two), and a
     // literal has no raw line break, so the text never outgrows the literal.
     let mut text = String::with_capacity(inner.len());
+    decode_lines(inner, 0, usize::MAX, &mut text)?;
+    Ok(text)
+}
+
+/// Decodes `inner` (a string's [`contents`]) from byte `from` on into `text`, line
+/// endings made CRLF as [`decode_crlf`] makes them, and stops at the first line break
+/// after `at_least` bytes were added (or at the end). Returns where to go on from.
+///
+/// Stopping only after a line break means no CR is pending across the cut: the text
+/// decoded in steps is the text decoded at once.
+pub(super) fn decode_lines(
+    inner: &str,
+    from: usize,
+    at_least: usize,
+    text: &mut String,
+) -> Result<usize, BodyProblem> {
+    let start = text.len();
     let mut after_cr = false;
-    decode_each(inner, |piece| match piece {
+    decode_each(inner, from, |piece| match piece {
         Piece::Run(run) => {
             text.push_str(run);
             after_cr = false;
+            ControlFlow::Continue(())
         }
         Piece::Char(c) => {
             if c == '\n' && !after_cr {
@@ -63,9 +82,13 @@ pub(super) fn decode_crlf(literal: &str) -> Result<String, BodyProblem> {
             }
             text.push(c);
             after_cr = c == '\r';
+            if c == '\n' && text.len() - start >= at_least {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
         }
-    })?;
-    Ok(text)
+    })
 }
 
 /// What a literal decodes to, in order: runs of text as they stand, and escaped
@@ -75,8 +98,9 @@ enum Piece<'a> {
     Char(char),
 }
 
-/// Between the quotes of a JSON string, or what other kind of value it is.
-fn string_contents(literal: &str) -> Result<&str, BodyProblem> {
+/// Between the quotes of a JSON string, still escaped (what [`decode_lines`] reads
+/// from), or what other kind of value it is.
+pub(super) fn contents(literal: &str) -> Result<&str, BodyProblem> {
     let literal = literal.trim_matches(|c: char| c.is_ascii_whitespace());
     if let Some(inner) = literal
         .strip_prefix('"')
@@ -93,29 +117,38 @@ fn string_contents(literal: &str) -> Result<&str, BodyProblem> {
     }))
 }
 
-fn decode_each<'a>(inner: &'a str, mut on: impl FnMut(Piece<'a>)) -> Result<(), BodyProblem> {
+/// Calls `on` with each piece of `inner` from byte `from` on, until it breaks; returns
+/// the byte after the last piece given.
+fn decode_each<'a>(
+    inner: &'a str,
+    from: usize,
+    mut on: impl FnMut(Piece<'a>) -> ControlFlow<()>,
+) -> Result<usize, BodyProblem> {
     let bytes = inner.as_bytes();
-    let (mut at, mut run_start) = (0, 0);
+    let (mut at, mut run_start) = (from, from);
     while at < bytes.len() {
         match bytes[at] {
             // Both are ASCII, so `at` is on a character boundary.
             b'\\' => {
                 if run_start < at {
-                    on(Piece::Run(&inner[run_start..at]));
+                    // A run never breaks: only a line break does, and that is escaped.
+                    let _ = on(Piece::Run(&inner[run_start..at]));
                 }
                 let (c, taken) = escape(&bytes[at..])?;
-                on(Piece::Char(c));
                 at += taken;
                 run_start = at;
+                if on(Piece::Char(c)).is_break() {
+                    return Ok(at);
+                }
             }
             byte if byte < 0x20 => return Err(BodyProblem::ControlCharacter),
             _ => at += 1,
         }
     }
     if run_start < bytes.len() {
-        on(Piece::Run(&inner[run_start..]));
+        let _ = on(Piece::Run(&inner[run_start..]));
     }
-    Ok(())
+    Ok(bytes.len())
 }
 
 /// The character of the escape `escape` starts with, and how many bytes it takes.

@@ -4,9 +4,10 @@
 //! Checking reads the addresses, the subject and the extra headers, and checks that each
 //! body field is a JSON string that decodes, but keeps the bodies where they are: in the
 //! request's bytes, shared with the worker (which republishes them when it parks the
-//! request) rather than copied; rendering reads them again. So a provider that sends nothing (`discard://`, or one
-//! that fails before it needs the message) never pays for the MIME message, and a request
-//! is held at most twice: its bytes and one rendering.
+//! request) rather than copied. Rendering reads them again and still keeps them there:
+//! a body is encoded a part at a time as it is sent. So a provider that sends nothing
+//! (`discard://`, or one that fails before it needs the message) never pays for the MIME
+//! message, and a request is held once, as its bytes, plus the part being sent.
 
 use std::fmt;
 
@@ -17,8 +18,9 @@ use lettre::message::header::{HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart, SinglePart};
 
 use super::RequestError;
+use super::body_part::BodyPart;
 use super::body_text;
-use super::rendered::{MimeBody, Rendered};
+use super::rendered::{MimeBody, Part, Rendered};
 use super::wire::Bodies;
 
 /// A mail that is ready to send: checked, not yet rendered (see [`Mail::render`]).
@@ -58,12 +60,13 @@ impl Mail {
         &self.message_id
     }
 
-    /// Builds the MIME message. It takes the mail by value, so each body is decoded from
-    /// the request once and moved, not copied, into the message. It cannot fail for a
-    /// mail that [`super::read_request`] made (which checked everything lettre checks);
-    /// an error here is a bug, reported as the request's fault.
+    /// Builds the MIME message. The bodies stay in the request's bytes, which the
+    /// message shares: each is read once here to choose its transfer encoding, and
+    /// encoded a part at a time while it is sent ([`super::body_part`]). It cannot fail
+    /// for a mail that [`super::read_request`] made (which checked everything lettre
+    /// checks); an error here is a bug, reported as the request's fault.
     pub fn render(self) -> Result<Rendered, RequestError> {
-        let (text, html) = self.bodies()?;
+        let (text, html) = self.body_parts()?;
         let mut builder = Message::builder()
             .from(self.from)
             .subject(self.subject)
@@ -84,17 +87,14 @@ impl Mail {
         for (name, value) in self.headers {
             builder = builder.raw_header(HeaderValue::new(name, value));
         }
-        // The request's bytes are not needed any more: let them go before the message
-        // is formatted, so that this clone of them does not keep them alive meanwhile.
-        drop(self.request);
         let body = match (text, html) {
             (Some(text), Some(html)) => MimeBody::Alternative {
                 frame: MultiPart::alternative().build(),
-                text: SinglePart::plain(text),
-                html: SinglePart::html(html),
+                text: Part::plain(text),
+                html: Part::html(html),
             },
-            (Some(text), None) => MimeBody::Single(SinglePart::plain(text)),
-            (None, Some(html)) => MimeBody::Single(SinglePart::html(html)),
+            (Some(text), None) => MimeBody::Single(Part::plain(text)),
+            (None, Some(html)) => MimeBody::Single(Part::html(html)),
             (None, None) => return Err(RequestError::NoBody),
         };
         // The message's own headers, as lettre completes them (Date, MIME-Version),
@@ -107,6 +107,19 @@ impl Mail {
             headers_only.headers(),
             body,
         ))
+    }
+
+    /// The text and HTML bodies as parts to encode, each a slice of the request's
+    /// bytes; an empty one counts as not given.
+    fn body_parts(&self) -> Result<(Option<BodyPart>, Option<BodyPart>), RequestError> {
+        let bodies: Bodies = serde_json::from_slice(&self.request)
+            .map_err(|e| RequestError::Build(format!("the bodies do not decode: {e}")))?;
+        let part = |literal: Option<&serde_json::value::RawValue>| match literal {
+            None => Ok(None),
+            Some(literal) => BodyPart::new(self.request.slice_ref(literal.get().as_bytes()))
+                .map_err(|e| RequestError::Build(format!("a body does not decode: {e}"))),
+        };
+        Ok((part(bodies.text)?, part(bodies.html)?))
     }
 
     /// The mail as separate fields, for a provider whose API takes them rather than a

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::text::truncate;
 
+mod body_part;
 mod body_text;
 mod checked;
 pub mod id;

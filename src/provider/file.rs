@@ -49,7 +49,7 @@ impl FileProvider {
         let path = self.dir.join(file_name(mail.message_id()));
         let rendered = mail.render().map_err(|e| super::unrenderable(self, &e))?;
         let target = path.clone();
-        tokio::task::spawn_blocking(move || write_atomically(&target, rendered.chunks(usize::MAX)))
+        tokio::task::spawn_blocking(move || write_atomically(&target, rendered.parts()))
             .await
             .map_err(|e| {
                 SendError::for_now(ErrorClass::Io, format!("writing {}: {e}", path.display()))
@@ -91,9 +91,9 @@ pub fn file_name(message_id: &str) -> String {
 }
 
 /// Writes `contents` to a temporary file next to `path`, then renames it into place.
-fn write_atomically<'a>(
+fn write_atomically(
     path: &Path,
-    contents: impl IntoIterator<Item = &'a [u8]>,
+    contents: impl IntoIterator<Item = impl AsRef<[u8]>>,
 ) -> std::io::Result<()> {
     static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -107,7 +107,7 @@ fn write_atomically<'a>(
     ));
     let written = std::fs::File::create(&temp).and_then(|mut file| {
         for piece in contents {
-            file.write_all(piece)?;
+            file.write_all(piece.as_ref())?;
         }
         file.sync_all()
     });

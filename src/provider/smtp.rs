@@ -39,8 +39,6 @@ use crate::message::{Mail, Rendered};
 /// An idle connection older than this is closed rather than reused: servers drop idle
 /// clients after a while, and a stale connection costs a failed command to find out.
 const MAX_IDLE: Duration = Duration::from_secs(60);
-/// The size of the parts a message is written in (see `transaction`).
-const MESSAGE_PART_BYTES: usize = 64 * 1024;
 /// Mails sent over one connection before it is closed; many servers limit this.
 const MAX_MAILS_PER_CONNECTION: u32 = 100;
 
@@ -410,8 +408,9 @@ impl SmtpProvider {
         self.within(
             Step::Message,
             "sending the message",
-            // In parts, so lettre's dot-stuffed copy of the message is one part at a time.
-            connection.message_iter(mail.chunks(MESSAGE_PART_BYTES)),
+            // In parts, each body encoded as it is written, so neither the encoding nor
+            // lettre's dot-stuffed copy is more than a part at a time.
+            connection.message_iter(mail.parts()),
         )
         .await?;
         Ok(())

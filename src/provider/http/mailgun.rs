@@ -16,8 +16,6 @@ use super::{Api, Said};
 use crate::message::{Mail, unique_id};
 use crate::provider::{Provider, ProviderUrlError, SendError};
 
-/// The size of the pieces the message is copied into the form in.
-const MESSAGE_PIECE_BYTES: usize = 64 * 1024;
 const US_BASE: &str = "https://api.mailgun.net";
 const EU_BASE: &str = "https://api.eu.mailgun.net";
 
@@ -78,10 +76,7 @@ impl MailgunProvider {
         let message = mail
             .render()
             .map_err(|e| crate::provider::unrenderable(self, &e))?;
-        let size = message
-            .chunks(MESSAGE_PIECE_BYTES)
-            .map(<[u8]>::len)
-            .sum::<usize>();
+        let size = message.size();
         let boundary = format!("mailer-form-{}", unique_id());
         let mut body = Vec::with_capacity(size + 512);
         body.extend_from_slice(
@@ -96,8 +91,8 @@ impl MailgunProvider {
             .as_bytes(),
         );
         // Straight from the rendered pieces: the message is not copied once more.
-        for piece in message.chunks(MESSAGE_PIECE_BYTES) {
-            body.extend_from_slice(piece);
+        for piece in message.parts() {
+            body.extend_from_slice(&piece);
         }
         body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
         Ok((format!("multipart/form-data; boundary={boundary}"), body))

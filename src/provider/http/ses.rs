@@ -25,8 +25,6 @@ use crate::provider::{ErrorClass, Provider, ProviderUrlError, SendError};
 
 /// The path of SES v2's `SendEmail`.
 pub const PATH: &str = "/v2/email/outbound-emails";
-/// The size of the pieces the raw message is encoded in.
-const RAW_PIECE_BYTES: usize = 64 * 1024;
 /// The service name SigV4 signs for.
 pub const SIGNING_NAME: &str = "ses";
 
@@ -106,16 +104,13 @@ impl SesProvider {
         let rendered = mail
             .render()
             .map_err(|e| crate::provider::unrenderable(self, &e))?;
-        let size = rendered
-            .chunks(RAW_PIECE_BYTES)
-            .map(<[u8]>::len)
-            .sum::<usize>();
+        let size = rendered.size();
         body.reserve(size.div_ceil(3) * 4 + 40);
         body.extend_from_slice(br#","Content":{"Raw":{"Data":""#);
         let mut encoder =
             base64::write::EncoderWriter::new(body, &base64::engine::general_purpose::STANDARD);
-        for piece in rendered.chunks(RAW_PIECE_BYTES) {
-            encoder.write_all(piece).map_err(|e| failed(&e))?;
+        for piece in rendered.parts() {
+            encoder.write_all(&piece).map_err(|e| failed(&e))?;
         }
         let mut body = encoder.finish().map_err(|e| failed(&e))?;
         body.extend_from_slice(br#""}}}"#);
