@@ -2,11 +2,12 @@
 //! environment as in production, its /proc/<pid>/status read while it drains the queue.
 //!
 //! Two sizes of request: the bench's usual one (579 bytes; target: under 30 MiB), and
-//! requests of 10 MiB, the largest accepted (issue 10: at most 256 MiB at prefetch 16,
-//! a request held at most twice, its bytes and one rendering). The large ones go both to
-//! `discard://`, which never renders a mail (what the worker itself holds: 16 requests'
-//! bytes), and through SMTP to the local sink, which renders each (the bytes of 16, plus
-//! a rendering per connection of the provider, 4): the second is the bound.
+//! requests of 10 MiB, the largest accepted (issue 25: at most 200 MiB at prefetch 16;
+//! a request is held once, as its bytes, and each body is encoded a part at a time while
+//! it is sent). The large ones go both to `discard://`, which never renders a mail (what
+//! the worker itself holds: 16 requests' bytes), and through SMTP to the local sink,
+//! which renders each (the same bytes, plus a part of each body per connection of the
+//! provider, 4): the second is the bound.
 //!
 //! `MAILER_BENCH_WORKER_BIN` runs another build of `mailer` (e.g. one from before a
 //! change) instead of this one's; `MAILER_BENCH_LARGE_N` (32) sets how many large
@@ -29,9 +30,9 @@ use crate::{WORKER_LOG_FILTER, load_average, rate};
 const RUN_LIMIT: Duration = Duration::from_secs(180);
 const SAMPLE: Duration = Duration::from_millis(5);
 /// The resident memory targets, in MiB: small requests (issue 3), and 10 MiB requests at
-/// prefetch 16 (issue 10).
+/// prefetch 16 (issue 25; issue 10 asked for 256).
 pub const SMALL_TARGET_MIB: f64 = 30.0;
-pub const LARGE_TARGET_MIB: f64 = 256.0;
+pub const LARGE_TARGET_MIB: f64 = 200.0;
 
 /// The largest VmHWM of one case, and its target.
 pub struct MemoryFigure {
