@@ -44,6 +44,7 @@ node_env=(
   RABBITMQ_CTL_DIST_PORT_MAX=$((ctl_min + 9))
   RABBITMQ_CONF_ENV_FILE="$dir/rabbitmq-env.conf"
   RABBITMQ_CONFIG_FILE="$dir/rabbitmq.conf"
+  RABBITMQ_ADVANCED_CONFIG_FILE="$dir/advanced.config"
   RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins"
   RABBITMQ_MNESIA_BASE="$dir/mnesia"
   RABBITMQ_LOG_BASE="$dir/log"
@@ -97,6 +98,11 @@ listeners.tcp.default = 127.0.0.1:$amqp
 management.tcp.port = $management
 management.tcp.ip = 127.0.0.1
 CONF
+  # A quorum queue's at-least-once dead-letter process publishes a dead letter again
+  # only after this long without a confirm (3 min by default): the fault tally waits
+  # 30 s for a request the broker dead-lettered itself, so a first hop left unconfirmed
+  # (a busy node) made it count a request lost that the broker still held.
+  echo '[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 5000}]}].' >"$host/advanced.config"
   echo '[rabbitmq_management].' >"$host/enabled_plugins"
   head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$host/.erlang.cookie"
   chmod 400 "$host/.erlang.cookie"
