@@ -75,7 +75,7 @@ crd:
 # SMTP_SINK (see docs/benchmarks.md: aiosmtpd cannot take 1,000 mails/s here), else aiosmtpd.
 # The controller runs stripped, as the image ships it (the Dockerfile strips its symbols).
 BENCH_BROKER ?= 4.0
-SMTP_SINK ?= $(wildcard /opt/postfix/usr/sbin/smtp-sink)
+SMTP_SINK ?= $(firstword $(wildcard /usr/sbin/smtp-sink /opt/postfix/usr/sbin/smtp-sink))
 bench:
 	MAILER_BENCH_BROKER=$(BENCH_BROKER) MAILER_BENCH_SMTP_SINK=$(SMTP_SINK) cargo bench --bench worker
 	MAILER_BENCH_BROKER=$(BENCH_BROKER) cargo bench --bench topology
