@@ -56,8 +56,11 @@ use mailer::provider;
 use broker::{BenchVhost, PREFETCH, bare_ack, bare_park};
 use inproc::run_worker;
 
-/// worker/bare at or above this meets the throughput target.
+/// worker/bare at or above this meets the throughput target of the ack path, and the
+/// share of the SMTP provider alone the worker must reach to be called not the limit.
 const RATIO_TARGET: f64 = 0.9;
+/// The park path's target: above 0.9 with a margin (issue 25).
+const PARK_RATIO_TARGET: f64 = 0.95;
 /// The worker's default log filter (`mailer worker` without `RUST_LOG`).
 const WORKER_LOG_FILTER: &str = "info,lapin=off";
 
@@ -157,6 +160,8 @@ impl fmt::Display for Runs {
 struct Comparison {
     worker: Runs,
     bare: Runs,
+    /// The median ratio that meets the target.
+    target: f64,
 }
 
 impl Comparison {
@@ -185,11 +190,12 @@ impl Comparison {
             .map(|r| format!("{r:.2}"))
             .collect();
         println!(
-            "  worker/bare by round: {} -> median {:.2} (best against best {:.2}); target >= {RATIO_TARGET}: {}",
+            "  worker/bare by round: {} -> median {:.2} (best against best {:.2}); target >= {}: {}",
             rounds.join(" "),
             self.ratio(),
             self.worker.best() / self.bare.best(),
-            met(self.ratio() >= RATIO_TARGET)
+            self.target,
+            met(self.ratio() >= self.target)
         );
     }
 }
@@ -263,6 +269,7 @@ async fn ack_path(s: &Settings, body: &[u8]) -> Result<Comparison> {
     let mut c = Comparison {
         worker: Runs::default(),
         bare: Runs::default(),
+        target: RATIO_TARGET,
     };
     for round in 0..s.rounds {
         for who in order(round) {
@@ -316,6 +323,7 @@ async fn park_path(s: &Settings, body: &[u8]) -> Result<Comparison> {
     let mut c = Comparison {
         worker: Runs::default(),
         bare: Runs::default(),
+        target: PARK_RATIO_TARGET,
     };
     for round in 0..s.rounds {
         for who in order(round) {
@@ -534,11 +542,12 @@ async fn bench() -> Result<()> {
     for (name, c) in [("ack path ", &ack), ("park path", &park)] {
         if let Some(c) = c {
             println!(
-                "  {name}  worker {:>6.0} msg/s  bare {:>6.0} msg/s  worker/bare {:.2}  target >= {RATIO_TARGET}: {}",
+                "  {name}  worker {:>6.0} msg/s  bare {:>6.0} msg/s  worker/bare {:.2}  target >= {}: {}",
                 c.worker.best(),
                 c.bare.best(),
                 c.ratio(),
-                met(c.ratio() >= RATIO_TARGET)
+                c.target,
+                met(c.ratio() >= c.target)
             );
         }
     }
