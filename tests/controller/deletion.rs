@@ -199,3 +199,76 @@ async fn a_vhost_change_removes_the_old_vhosts_topology_and_permissions() {
     let url = h.secret_value(&format!("{name}-worker-amqp"), "url");
     assert!(url.ends_with(&new.name.replace('-', "%2D")), "{url}");
 }
+
+/// Pipelines sharing one connection Secret each hold it with a finalizer of their own and
+/// let go of only theirs: the first writes the list and the label at the version it read,
+/// those after it append, and one leaving removes its own where it stands, so pipelines
+/// holding or leaving at once never rewrite each other's (nor anyone else's) finalizers.
+#[tokio::test]
+async fn pipelines_sharing_a_connection_secret_add_and_remove_only_their_own_finalizer() {
+    let h = harness();
+    connection_secret(&h, &secret_uri());
+    let conn_path = secret_path("conn");
+    let mut conn = h.fake.get(&conn_path).expect("the connection Secret");
+    conn["metadata"]["finalizers"] = json!(["example.com/keep"]);
+    h.fake.put(&conn_path, conn);
+    let vhosts: Vec<TestVhost> = (0..3).map(|_| TestVhost::fresh("controller")).collect();
+    let names: Vec<String> = (0..3).map(|_| unique("shared")).collect();
+    let _users = UserCleanup(names.iter().map(|n| worker_user(n)).collect());
+    let mut finalizers = vec![json!("example.com/keep")];
+    for (name, vhost) in names.iter().zip(&vhosts) {
+        let spec = PipelineSpec::new()
+            .vhost(&vhost.name)
+            .deletion_policy("Delete")
+            .build();
+        h.seed_pipeline(name, spec, true);
+        let (result, requests) = h.reconcile(name).await;
+        result.unwrap();
+        let uid = h.pipeline(name).metadata.uid.expect("a uid");
+        let hold = write_to(&requests, "PATCH", &conn_path);
+        if finalizers.len() == 1 {
+            assert_eq!(hold.content_type, "application/merge-patch+json");
+            assert!(hold.body["metadata"]["resourceVersion"].is_string());
+        } else {
+            assert_eq!(hold.content_type, "application/json-patch+json");
+            assert_eq!(
+                hold.body,
+                json!([{"op": "add", "path": "/metadata/finalizers/-",
+                        "value": format!("mailer.dev/in-use-{uid}")}])
+            );
+        }
+        finalizers.push(json!(format!("mailer.dev/in-use-{uid}")));
+        let conn = h.fake.get(&conn_path).expect("the connection Secret");
+        assert_eq!(conn["metadata"]["finalizers"], json!(finalizers));
+        assert_eq!(conn["metadata"]["labels"]["mailer.dev/in-use"], "true");
+    }
+
+    // The middle one goes: its finalizer alone, tested where it stands; the label stays.
+    h.mark_deleted(&names[1]);
+    let (result, requests) = h.reconcile(&names[1]).await;
+    assert_eq!(result.unwrap(), Action::await_change());
+    let release = write_to(&requests, "PATCH", &conn_path);
+    assert_eq!(release.content_type, "application/json-patch+json");
+    assert_eq!(
+        release.body,
+        json!([{"op": "test", "path": "/metadata/finalizers/2", "value": finalizers[2]},
+               {"op": "remove", "path": "/metadata/finalizers/2"}])
+    );
+    finalizers.remove(2);
+    let conn = h.fake.get(&conn_path).expect("the connection Secret");
+    assert_eq!(conn["metadata"]["finalizers"], json!(finalizers));
+    assert_eq!(conn["metadata"]["labels"]["mailer.dev/in-use"], "true");
+
+    // The last to go takes the label with it; the other finalizer stays.
+    for name in [&names[0], &names[2]] {
+        h.mark_deleted(name);
+        let (result, _) = h.reconcile(name).await;
+        assert_eq!(result.unwrap(), Action::await_change());
+    }
+    let conn = h.fake.get(&conn_path).expect("the connection Secret");
+    assert_eq!(conn["metadata"]["finalizers"], json!(["example.com/keep"]));
+    assert!(
+        conn["metadata"]["labels"]["mailer.dev/in-use"].is_null(),
+        "{conn}"
+    );
+}
