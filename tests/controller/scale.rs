@@ -33,18 +33,18 @@ const KUBERNETES_REQUESTS_PER_PIPELINE: usize = 2;
 /// Requests to the management API of a pipeline's first reconcile, all objects to make,
 /// whose workers' user is given: per claimed object (its 3 exchanges and 3 queues), under
 /// its lock, its owner marker read and whether the object exists, its lock queue declared
-/// and deleted (in the locks' own vhost): 6 × 4 = 24, and its markers written in one
-/// definitions import (1); whether the vhost exists (under the locks, for the operator's
-/// grant, for the plan: 3), its topology read by name (3 exchanges, 3 queues, 3 policies:
-/// 9); its 9 writes and its share of one policy import and of one markers list; its 3
-/// queues' depths; the vhost made (by each reconcile that found it missing), the
-/// operator's permissions read and granted, the broker's version (the first reconciles
-/// each read it), the locks' vhost and the operator's permissions there (once per
-/// client): up to 5. That is 40 to 41. A pipeline made among others of its vhost writes
-/// its policies ahead and is reconciled a second time for the rest, which reads its
-/// topology by name again (9), whether the vhost exists and the operator's permissions
-/// there (2): 11 more, 50 in all; this test counted 50 to 55 (a lock found held is
-/// declared again); at most 62. Whatever the number of pipelines.
+/// and deleted (in the locks' own vhost), its marker written (6 × 5 = 30); whether the
+/// vhost exists (under the locks, for the operator's grant, for the plan: 3), its
+/// topology read by name (3 exchanges, 3 queues, 3 policies: 9); its 9 writes and its
+/// share of one policy import and of one markers list; its 3 queues' depths; the vhost
+/// made (by each reconcile that found it missing), the operator's permissions read and
+/// granted, the broker's version (the first reconciles each read it), the locks' vhost
+/// and the operator's permissions there (once per client): up to 5. That is 45 to 46.
+/// A pipeline made among others of its vhost writes its policies ahead and is reconciled
+/// a second time for the rest, which reads its topology by name again (9), whether the
+/// vhost exists and the operator's permissions there (2): 11 more, 55 in all, this test
+/// counts; at most 62 leaves room for a lock declared again. Whatever the number of
+/// pipelines.
 const FIRST_PASS_MANAGEMENT_REQUESTS_PER_PIPELINE: usize = 62;
 
 /// Requests to the API server of a pipeline's first reconcile, besides the watches, their
@@ -259,13 +259,6 @@ async fn a_first_pass_costs_one_reconcile_and_bounded_requests_per_pipeline() {
         "{} management requests: {paths:#?}",
         broker.len()
     );
-    // Each pipeline's markers go in one import, not a PUT each.
-    let puts = paths
-        .iter()
-        .filter(|p| p.starts_with("PUT global-parameters/"));
-    assert_eq!(puts.count(), 0, "{paths:#?}");
-    let imports = paths.iter().filter(|p| *p == "POST definitions").count();
-    assert!((1..=PIPELINES).contains(&imports), "{paths:#?}");
     // Besides the watches, the lists they begin with and discovery: what names an object,
     // and every write (events are posted to their collection).
     let kubernetes: Vec<String> = h

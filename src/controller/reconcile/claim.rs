@@ -181,7 +181,12 @@ async fn take(
     // The vhost may have been made since it was first read.
     let vhost_exists = management.vhost_exists(&valid.spec.rabbitmq.vhost).await?;
     let decided = decide(management, valid, me, missing, vhost_exists).await?;
-    management.set_owner_of_each(missing, me).await?;
+    try_join_all(
+        missing
+            .iter()
+            .map(|claim| management.set_owner_of(claim, me)),
+    )
+    .await?;
     if decided.legacy_ours {
         let spec = valid.spec;
         let legacy = legacy_topology_marker(&spec.rabbitmq.vhost, &spec.topology.queue);

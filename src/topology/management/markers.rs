@@ -85,9 +85,13 @@ impl Management {
 
     /// Writes `marker` naming `owner`.
     pub async fn set_owner(&self, marker: &str, owner: &Owner) -> Result<(), TopologyError> {
+        let value = match serde_json::to_value(owner) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
         let parameter = GlobalRuntimeParameterDefinition {
             name: marker,
-            value: owner_value(owner),
+            value,
         };
         self.markers_changed();
         self.bounded_write(self.api.upsert_global_runtime_parameter(&parameter))
@@ -98,37 +102,6 @@ impl Management {
     /// Writes the marker of `claim` naming `owner`.
     pub async fn set_owner_of(&self, claim: &Claim, owner: &Owner) -> Result<(), TopologyError> {
         self.set_owner(&claim.marker(), owner).await
-    }
-
-    /// Writes the markers of `claims` naming `owner`, in one request: a definitions
-    /// import that holds them alone, which RabbitMQ sets as it sets each PUT, in one
-    /// step of its schema database rather than one per marker. (Markers need the
-    /// administrator tag, as imports do.)
-    pub async fn set_owner_of_each(
-        &self,
-        claims: &[&Claim],
-        owner: &Owner,
-    ) -> Result<(), TopologyError> {
-        if let [claim] = claims {
-            return self.set_owner_of(claim, owner).await;
-        }
-        if claims.is_empty() {
-            return Ok(());
-        }
-        let parameters: Vec<serde_json::Value> = claims
-            .iter()
-            .map(|claim| serde_json::json!({"name": claim.marker(), "value": owner_value(owner)}))
-            .collect();
-        let definitions = serde_json::json!({ "global_parameters": parameters });
-        self.markers_changed();
-        self.bounded_write(self.api.import_cluster_wide_definitions(definitions))
-            .await
-            .map_err(|e| {
-                self.error(
-                    &format!("write {} global parameters (owner markers)", claims.len()),
-                    e,
-                )
-            })
     }
 
     /// Removes `marker`; `false` when it was not there.
@@ -161,13 +134,5 @@ impl Management {
             Err(e) if e.is_not_found() => Ok(false),
             Err(e) => Err(self.error(&format!("read {claim}"), e)),
         }
-    }
-}
-
-/// A marker's value: the owner as a JSON object.
-fn owner_value(owner: &Owner) -> serde_json::Map<String, serde_json::Value> {
-    match serde_json::to_value(owner) {
-        Ok(serde_json::Value::Object(map)) => map,
-        _ => serde_json::Map::new(),
     }
 }
