@@ -19,7 +19,7 @@ use lettre::message::{Mailbox, MultiPart, SinglePart};
 
 use super::RequestError;
 use super::body_part::BodyPart;
-use super::body_text;
+use super::body_text::{self, BodyProblem};
 use super::rendered::{MimeBody, Part, Rendered};
 use super::wire::Bodies;
 
@@ -112,14 +112,7 @@ impl Mail {
     /// The text and HTML bodies as parts to encode, each a slice of the request's
     /// bytes; an empty one counts as not given.
     fn body_parts(&self) -> Result<(Option<BodyPart>, Option<BodyPart>), RequestError> {
-        let bodies: Bodies = serde_json::from_slice(&self.request)
-            .map_err(|e| RequestError::Build(format!("the bodies do not decode: {e}")))?;
-        let part = |literal: Option<&serde_json::value::RawValue>| match literal {
-            None => Ok(None),
-            Some(literal) => BodyPart::new(self.request.slice_ref(literal.get().as_bytes()))
-                .map_err(|e| RequestError::Build(format!("a body does not decode: {e}"))),
-        };
-        Ok((part(bodies.text)?, part(bodies.html)?))
+        self.each_body(|literal| BodyPart::new(self.request.slice_ref(literal.as_bytes())))
     }
 
     /// The mail as separate fields, for a provider whose API takes them rather than a
@@ -149,16 +142,25 @@ impl Mail {
     /// lettre finds none to insert; see [`super::body_text`]); an empty one counts as not
     /// given.
     fn bodies(&self) -> Result<(Option<String>, Option<String>), RequestError> {
+        self.each_body(|literal| {
+            body_text::decode_crlf(literal).map(|body| Some(body).filter(|b| !b.is_empty()))
+        })
+    }
+
+    /// The text and HTML bodies, each made by `make` from its JSON literal as it stands
+    /// in the request's bytes; `None` for a body not given.
+    fn each_body<T>(
+        &self,
+        make: impl Fn(&str) -> Result<Option<T>, BodyProblem>,
+    ) -> Result<(Option<T>, Option<T>), RequestError> {
         let bodies: Bodies = serde_json::from_slice(&self.request)
             .map_err(|e| RequestError::Build(format!("the bodies do not decode: {e}")))?;
-        let decode = |literal: Option<&serde_json::value::RawValue>| {
+        let one = |literal: Option<&serde_json::value::RawValue>| {
             literal
-                .map(|literal| body_text::decode_crlf(literal.get()))
-                .transpose()
-                .map(|body| body.filter(|b| !b.is_empty()))
+                .map_or(Ok(None), |literal| make(literal.get()))
                 .map_err(|e| RequestError::Build(format!("a body does not decode: {e}")))
         };
-        Ok((decode(bodies.text)?, decode(bodies.html)?))
+        Ok((one(bodies.text)?, one(bodies.html)?))
     }
 }
 
