@@ -110,7 +110,9 @@ impl Iterator for Parts<'_> {
             if done && self.carry.is_empty() {
                 return None;
             }
-            let mut text = String::new();
+            // The text never outgrows the literal (see `body_text::decode_crlf`), and
+            // goes past `text_bytes` only to the next line break.
+            let mut text = String::with_capacity(self.text_bytes.min(self.inner.len() - self.at));
             if !done {
                 match body_text::decode_lines(self.inner, self.at, self.text_bytes, &mut text) {
                     Ok(next) => self.at = next,

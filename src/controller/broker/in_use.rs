@@ -6,8 +6,9 @@
 //! own, `mailer.dev/in-use-<uid>` (one per pipeline, so no pipeline waits for another's
 //! to let go), added before anything is made in the broker and removed once its cleanup
 //! is done. Each pipeline adds or removes only its own, by a JSON patch, so a thousand
-//! pipelines sharing one Secret do not conflict ([`MetaPatch`]). The label `mailer.dev/in-use` finds the Secrets held, to let go of one the
-//! pipeline no longer names. Only a Secret of the pipeline's own namespace is held: a
+//! pipelines sharing one Secret do not conflict ([`MetaPatch`]). The label
+//! `mailer.dev/in-use` finds the Secrets held, to let go of one the pipeline no longer
+//! names. Only a Secret of the pipeline's own namespace is held: a
 //! RabbitmqCluster's default user belongs to the cluster's owner.
 //!
 //! The tenant may remove the finalizer (it may write its Secrets): the next reconcile
