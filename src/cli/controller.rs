@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 
-use crate::controller::context::{DEFAULT_CONCURRENCY, POLICY_WINDOW, QUEUE_DEPTH_INTERVAL};
+use crate::controller::context::{
+    CLAIM_WINDOW, DEFAULT_CONCURRENCY, POLICY_WINDOW, QUEUE_DEPTH_INTERVAL,
+};
 use crate::controller::reconcile::apply::SHARED_DEFINITIONS_MAX_AGE;
 use crate::controller::{LeaderOptions, Options, Settings};
 
@@ -142,6 +144,7 @@ impl ControllerArgs {
                 definitions_max_age: SHARED_DEFINITIONS_MAX_AGE,
                 cleanup_deadline: self.cleanup_deadline,
                 policy_window: POLICY_WINDOW,
+                claim_window: CLAIM_WINDOW,
             },
             metrics_addr: self.metrics_addr,
             leader,

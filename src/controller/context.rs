@@ -55,12 +55,21 @@ pub struct Settings {
     /// of the same broker and vhost, so their policies go in one import
     /// ([`POLICY_WINDOW`]); zero: each writes its own.
     pub policy_window: Duration,
+    /// How long the first reconcile with names to claim in a vhost waits for others of
+    /// the same broker and vhost, so their claims are decided under one lock
+    /// ([`CLAIM_WINDOW`]).
+    pub claim_window: Duration,
 }
 
 /// How long the policies of reconciles running at once are gathered per vhost before
 /// they are written together: short beside a reconcile, long enough for the reconciles
 /// of a first pass (`--concurrency` of them at once) to join.
 pub const POLICY_WINDOW: Duration = Duration::from_millis(200);
+
+/// How long the claims of reconciles running at once are gathered per vhost before they
+/// are decided together: short beside a reconcile, long enough for the reconciles of a
+/// first pass to join.
+pub const CLAIM_WINDOW: Duration = Duration::from_millis(100);
 
 /// Reconciles running at once, per controller, unless `--concurrency` says otherwise.
 pub const DEFAULT_CONCURRENCY: u16 = 16;

@@ -3,6 +3,7 @@
 
 use crate::spec::InvalidSpec;
 use crate::topology::TopologyError;
+use crate::topology::claims::ClaimError;
 
 /// What a refused pipeline can do to have names of its own.
 const OWN_NAMES: &str = "Give this pipeline names of its own (spec.topology: exchange, retryExchange, deadExchange, queue, retryQueue, deadQueue, e.g. prefixed with its name), or another spec.rabbitmq.vhost";
@@ -229,6 +230,16 @@ pub fn pascal_case(kebab: &str) -> String {
             }
         })
         .collect()
+}
+
+impl From<ClaimError> for Error {
+    fn from(error: ClaimError) -> Self {
+        match error {
+            ClaimError::Owned { what, owner } => Self::Owned { what, owner },
+            ClaimError::Unclaimed { what } => Self::Unclaimed { what },
+            ClaimError::Broker(e) => Self::Topology(e),
+        }
+    }
 }
 
 #[cfg(test)]

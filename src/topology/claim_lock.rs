@@ -1,5 +1,8 @@
-//! A lock per claimed name, so that deciding a claim (read its marker, check what
-//! exists, write the marker) is one step for every operator sharing the broker.
+//! A lock per vhost whose names are claimed (and per workers' user claimed), so that
+//! deciding claims (read their markers, check what exists, write the markers) is one
+//! step for every operator sharing the broker. A lock covers a vhost rather than each
+//! name in it so that the claims of many pipelines of a vhost are decided under one
+//! ([`super::management::claims_together`]).
 //!
 //! The management API has no conditional write, but RabbitMQ refuses to declare a queue
 //! that exists with another value of an argument it compares. A lock is a classic,
@@ -30,7 +33,7 @@ use serde_json::{Map, Value, json};
 
 use super::error::TopologyError;
 use super::management::Management;
-use super::ownership::Claim;
+use super::ownership::{Claim, MARKER_PREFIX, part as vhost_part};
 use crate::mail::CLAIM_LOCK_VHOST;
 
 /// What lock queues' names start with.
@@ -49,10 +52,16 @@ pub struct ClaimLocks<'a> {
     queues: Vec<String>,
 }
 
-/// The name of the lock of `claim`: the claim's marker hashed (a queue's name is at most
-/// 255 bytes; a marker may be longer).
+/// The name of the lock `claim` is decided under: its vhost's for an exchange or a queue
+/// (the claims of a vhost are decided a batch at a time, see
+/// [`super::management::claims_together`]), its own for a workers' user. Hashed: a
+/// queue's name is at most 255 bytes, a vhost's or a user's may be longer.
 pub fn lock_name(claim: &Claim) -> String {
-    let hash = digest(&SHA256, claim.marker().as_bytes());
+    let locked = match claim.vhost() {
+        Some(vhost) => format!("{MARKER_PREFIX}vhost|{}", vhost_part(vhost)),
+        None => claim.marker(),
+    };
+    let hash = digest(&SHA256, locked.as_bytes());
     let hex: String = hash.as_ref()[..16]
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -194,18 +203,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_lock_is_named_by_its_claim_within_a_queue_names_length() {
+    fn a_lock_is_named_by_its_claims_vhost_or_user_within_a_queue_names_length() {
         let long = Claim::Queue {
             vhost: "v".repeat(300),
             name: "q".repeat(300),
         };
         let name = lock_name(&long);
         assert!(name.starts_with(LOCK_PREFIX) && name.len() < 64, "{name}");
-        let other = Claim::Exchange {
+        // The claims of one vhost share its lock; another vhost's and a user's differ.
+        let same_vhost = Claim::Exchange {
             vhost: "v".repeat(300),
+            name: "x".into(),
+        };
+        assert_eq!(lock_name(&same_vhost), name);
+        let other_vhost = Claim::Queue {
+            vhost: "w".into(),
             name: "q".repeat(300),
         };
-        assert_ne!(lock_name(&other), name);
-        assert_eq!(lock_name(&long), name);
+        assert_ne!(lock_name(&other_vhost), name);
+        let user = Claim::User {
+            name: "v".repeat(300),
+        };
+        assert_ne!(lock_name(&user), name);
+        assert_ne!(
+            lock_name(&Claim::User { name: "w".into() }),
+            lock_name(&other_vhost),
+            "a user named as a vhost has a lock of its own"
+        );
     }
 }

@@ -4,7 +4,7 @@ use super::diff::Conflict;
 use crate::spec::InvalidSpec;
 
 /// Why the topology could not be read, applied or deleted.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum TopologyError {
     #[error(transparent)]
     InvalidSpec(#[from] InvalidSpec),

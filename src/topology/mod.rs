@@ -9,6 +9,7 @@
 pub mod apply;
 pub mod broker;
 pub mod claim_lock;
+pub mod claims;
 pub mod declare;
 pub mod delete;
 pub mod desired;

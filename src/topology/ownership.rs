@@ -96,7 +96,8 @@ pub enum Claim {
 /// separator `|`, the escape `%` itself, and control characters.
 const MARKER_PART: &AsciiSet = &CONTROLS.add(b'|').add(b'%');
 
-fn part(text: &str) -> String {
+/// `text` escaped as a part of a marker's (or a lock's) name.
+pub(in crate::topology) fn part(text: &str) -> String {
     utf8_percent_encode(text, MARKER_PART).to_string()
 }
 
@@ -228,6 +229,12 @@ impl Markers {
             .filter(|(_, owner)| owner.uid == uid && !owner.retained)
             .filter_map(|(marker, _)| Claim::of_marker(marker))
             .collect()
+    }
+
+    /// Counts `marker` as naming `owner`: what a batch of claims has just taken, for the
+    /// claims decided after it in the same batch.
+    pub(in crate::topology) fn insert(&mut self, marker: String, owner: Owner) {
+        self.owners.insert(marker, owner);
     }
 
     /// Markers as read from a list of global parameters: those whose name starts with

@@ -90,6 +90,7 @@ pub fn harness_on(fake: FakeApi, tune: impl FnOnce(&mut Settings)) -> Harness {
         definitions_max_age: Duration::ZERO,
         cleanup_deadline: CLEANUP_DEADLINE,
         policy_window: mailer::controller::context::POLICY_WINDOW,
+        claim_window: mailer::controller::context::CLAIM_WINDOW,
     };
     tune(&mut settings);
     operator_of(fake, settings)

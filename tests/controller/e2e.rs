@@ -39,6 +39,7 @@ pub async fn end_to_end() {
             definitions_max_age: mailer::controller::reconcile::apply::SHARED_DEFINITIONS_MAX_AGE,
             cleanup_deadline: Duration::from_secs(600),
             policy_window: mailer::controller::context::POLICY_WINDOW,
+            claim_window: mailer::controller::context::CLAIM_WINDOW,
         },
         metrics_addr: "127.0.0.1:0".parse().unwrap(),
         leader: None,

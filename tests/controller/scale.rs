@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use mailer::mail::CLAIM_LOCK_VHOST;
 use mailer::topology::MAX_IN_FLIGHT;
 use serde_json::{Value, json};
 
@@ -300,13 +301,16 @@ async fn no_more_than_concurrency_reconciles_run_at_once() {
     assert_eq!(h.fake.most_slowed_at_once(), usize::from(CONCURRENCY));
 }
 
+/// Issue 25: the claims and the policies of reconciles running at once in one vhost go
+/// out together: the claims decided under one lock, the policies in one import.
 #[tokio::test]
-async fn the_policies_of_reconciles_running_at_once_go_out_in_one_import() {
+async fn the_claims_and_policies_of_reconciles_running_at_once_go_out_together() {
     const PIPELINES: usize = 6;
     let vhost = TestVhost::fresh("controller-together");
     let proxy = Proxy::start(&management_host(), Duration::ZERO).await;
     let h = harness_tuned(|settings| {
-        // Long enough for every first reconcile to join the first one's batch.
+        // Long enough for every first reconcile to join the first one's batches.
+        settings.claim_window = Duration::from_secs(3);
         settings.policy_window = Duration::from_secs(3);
     });
     connection_secret(&h, &proxy.url());
@@ -330,6 +334,11 @@ async fn the_policies_of_reconciles_running_at_once_go_out_in_one_import() {
         .filter(|w| w.starts_with(&format!("PUT policies/{}/", vhost.name)))
         .count();
     assert_eq!((imports, policy_puts), (1, 0), "{writes:#?}");
+    // One lock for the six pipelines' 36 claims, and a marker each.
+    let count = |prefix: &str| writes.iter().filter(|w| w.starts_with(prefix)).count();
+    let locks = count(&format!("PUT queues/{CLAIM_LOCK_VHOST}/"));
+    let markers = count("PUT global-parameters/");
+    assert_eq!((locks, markers), (1, 6 * PIPELINES), "{writes:#?}");
     // Every pipeline's three policies are there.
     let policies = mailer_testkit::broker::raw_api()
         .list_policies_in(&vhost.name)

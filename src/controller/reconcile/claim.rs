@@ -12,16 +12,17 @@
 //!   strand it;
 //! - what it wants and does not hold is claimed: among the pipelines the controller
 //!   knows (its caches), an older one (creationTimestamp, then UID) that wants one of the
-//!   same names goes first; then, under a lock per name in the broker, each marker is
-//!   read again and an object owned by another pipeline, or one that exists with no
-//!   marker at all (made by hand, or by someone else), refuses the pipeline, which writes
-//!   nothing. Only then are its markers written.
+//!   same names goes first; then, with the claims of the other reconciles of its vhost
+//!   running at once and under the vhost's lock in the broker, the markers are read again
+//!   and an object owned by another pipeline, or one that exists with no marker at all
+//!   (made by hand, or by someone else), refuses the pipeline, which writes nothing. Only
+//!   then are its markers written
+//!   ([`crate::topology::management::claims_together`]).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::try_join_all;
 use kube::ResourceExt;
 
 use crate::controller::context::Context;
@@ -30,11 +31,13 @@ use crate::controller::reconcile::desired::Desired;
 use crate::controller::reconcile::validate::Validated;
 use crate::spec::MailerPipeline;
 use crate::topology::Management;
+use crate::topology::claims::{ClaimAsk, LegacyTopology};
+use crate::topology::management::claims_together::claim_together;
 use crate::topology::ownership::{
     Claim, Markers, Owner, is_former_tier, legacy_topology_marker, topology_claims,
 };
 
-/// How long a claim waits for another claim of the same name to finish.
+/// How long a claim waits for another claim of the same vhost (or user) to finish.
 const LOCK_WAIT: Duration = Duration::from_secs(10);
 
 /// The owner marker's value for `pipeline`.
@@ -89,10 +92,18 @@ pub async fn claim(
     refuse_foreign(&markers, &me, &missing)?;
     let known = ctx.known_pipelines(|other| other.uid() != valid.pipeline.uid());
     check_collisions(valid.pipeline, &known)?;
-    let locks = management.lock_claims(&missing, &me.uid, LOCK_WAIT).await?;
-    let taken = take(management, valid, &me, &missing).await;
-    locks.release().await;
-    taken?;
+    let spec = valid.spec;
+    let ask = ClaimAsk {
+        owner: me,
+        claims: missing.into_iter().cloned().collect(),
+        legacy: Some(LegacyTopology {
+            marker: legacy_topology_marker(&spec.rabbitmq.vhost, &spec.topology.queue),
+            claims: topology_claims(&spec.rabbitmq.vhost, &spec.topology)
+                .into_iter()
+                .collect(),
+        }),
+    };
+    claim_together(management, vhost, ask, ctx.settings.claim_window, LOCK_WAIT).await?;
     Ok(Claimed { retiring })
 }
 
@@ -104,93 +115,6 @@ fn refuse_foreign(markers: &Markers, me: &Owner, wanted: &[&Claim]) -> Result<()
                 owner: owner.to_string(),
             });
         }
-    }
-    Ok(())
-}
-
-/// What deciding the claims found.
-struct Decided {
-    /// The spec's topology was marked whole as this pipeline's by a 0.1 release, and its
-    /// objects are taken without markers of their own.
-    legacy_ours: bool,
-}
-
-/// Reads each of `missing`'s marker (now) and whether what it names exists (in a vhost
-/// that does, `vhost_exists`), and fails
-/// unless every one may be taken: unmarked and not there, marked by `me` (or retained
-/// for a pipeline of its name), or made by a 0.1 release for this pipeline.
-async fn decide(
-    management: &Management,
-    valid: &Validated<'_>,
-    me: &Owner,
-    missing: &[&Claim],
-    vhost_exists: bool,
-) -> Result<Decided, Error> {
-    let found = try_join_all(missing.iter().map(|claim| async move {
-        let owner = management.owner(&claim.marker()).await?;
-        // Nothing exists in a vhost that does not (a user is not in a vhost).
-        let may_exist = vhost_exists || matches!(claim, Claim::User { .. });
-        let exists = match owner {
-            Some(_) => true,
-            None if may_exist => management.claimed_exists(claim).await?,
-            None => false,
-        };
-        Ok::<_, Error>((*claim, owner, exists))
-    }))
-    .await?;
-    let spec = valid.spec;
-    let legacy = legacy_topology_marker(&spec.rabbitmq.vhost, &spec.topology.queue);
-    let mut legacy_ours = None;
-    for (claim, owner, exists) in &found {
-        match owner {
-            Some(owner) if me.may_take(owner) => {}
-            Some(owner) => {
-                return Err(Error::Owned {
-                    what: claim.to_string(),
-                    owner: owner.to_string(),
-                });
-            }
-            None if !exists => {}
-            None => {
-                if legacy_ours.is_none() {
-                    let owner = management.owner(&legacy).await?;
-                    legacy_ours = Some(owner.is_some_and(|o| o.uid == me.uid));
-                }
-                let of_legacy_topology = legacy_ours == Some(true)
-                    && topology_claims(&spec.rabbitmq.vhost, &spec.topology).contains(claim);
-                if !of_legacy_topology {
-                    return Err(Error::Unclaimed {
-                        what: claim.to_string(),
-                    });
-                }
-            }
-        }
-    }
-    Ok(Decided {
-        legacy_ours: legacy_ours == Some(true),
-    })
-}
-
-/// Under the claims' locks: decides and writes the markers.
-async fn take(
-    management: &Management,
-    valid: &Validated<'_>,
-    me: &Owner,
-    missing: &[&Claim],
-) -> Result<(), Error> {
-    // The vhost may have been made since it was first read.
-    let vhost_exists = management.vhost_exists(&valid.spec.rabbitmq.vhost).await?;
-    let decided = decide(management, valid, me, missing, vhost_exists).await?;
-    try_join_all(
-        missing
-            .iter()
-            .map(|claim| management.set_owner_of(claim, me)),
-    )
-    .await?;
-    if decided.legacy_ours {
-        let spec = valid.spec;
-        let legacy = legacy_topology_marker(&spec.rabbitmq.vhost, &spec.topology.queue);
-        management.clear_owner(&legacy).await?;
     }
     Ok(())
 }

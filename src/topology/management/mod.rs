@@ -7,6 +7,8 @@
 //! What this client keeps for a while (definitions, markers, open policy batches) is
 //! defined beside what reads it, so nothing it holds imports it back.
 
+mod batches;
+pub mod claims_together;
 mod connections;
 mod endpoint;
 mod errors;
@@ -33,6 +35,7 @@ use super::broker::BrokerCapabilities;
 use super::desired::{Binding, ExchangeKind, POLICY_PRIORITY};
 use super::diff::Change;
 use crate::topology::error::TopologyError;
+use batches::VhostBatches;
 use markers::SharedMarkers;
 use snapshot::SharedSnapshots;
 use together::PolicyBatches;
@@ -126,6 +129,9 @@ pub struct Management {
     /// Policies of work running at once, gathered per vhost
     /// ([`together::put_policies_together`]).
     pub(super) policy_batches: PolicyBatches,
+    /// Claims of work running at once, gathered per vhost
+    /// ([`claims_together::claim_together`]).
+    pub(super) claim_batches: VhostBatches<claims_together::Submission>,
     /// Whether the claim locks' vhost is known to exist, with this user's permissions
     /// ([`crate::topology::claim_lock`]).
     /// Held while it is made, so claims running at once make it once.
@@ -160,6 +166,7 @@ impl Management {
             markers: Mutex::default(),
             markers_read: tokio::sync::Mutex::new(()),
             policy_batches: PolicyBatches::default(),
+            claim_batches: VhostBatches::default(),
             lock_vhost_ready: tokio::sync::Mutex::new(false),
         })
     }

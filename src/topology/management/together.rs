@@ -4,10 +4,8 @@
 //! RabbitMQ sets each policy it is given against every queue of the vhost, so policies
 //! written one by one by many reconciles cost more and more, while one definitions import
 //! of them all costs far less ([`super::import`]). So a reconcile that has policies to
-//! write for a vhost hands them to the vhost's open batch and waits: the first to open a
-//! batch waits a short window for others to join, then the batch is written at once, in
-//! one import (in parts), by a task of its own, which a reconcile that stops waiting does
-//! not cancel. Each reconcile learns the outcome of its own policies: when the import
+//! write for a vhost hands them to the vhost's open batch ([`super::batches`]) and waits
+//! while the batch is written at once, in one import (in parts). Each reconcile learns the outcome of its own policies: when the import
 //! fails as a whole (or this user may not import), each submission's policies are PUT
 //! one by one, so one bad policy does not fail the others.
 
@@ -19,6 +17,7 @@ use futures::future::join_all;
 use tokio::sync::oneshot;
 
 use super::Management;
+use super::batches::VhostBatches;
 use crate::topology::desired::Policy;
 use crate::topology::diff::Change;
 use crate::topology::error::TopologyError;
@@ -30,27 +29,15 @@ struct Submission {
     done: oneshot::Sender<Result<usize, TopologyError>>,
 }
 
-/// The open batch of each vhost of a client, and who writes there now.
+/// The policy batches of each vhost of a client, and when each vhost last had one.
 #[derive(Default)]
 pub(in crate::topology) struct PolicyBatches {
-    open: Mutex<HashMap<String, Vec<Submission>>>,
-    /// Held while a batch of the vhost is written: one import at a time per vhost (two
-    /// at once only slow each other down), the next batch open meanwhile.
-    writers: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    batches: VhostBatches<Submission>,
     /// When each vhost last had a submission or a batch written.
     last_busy: Mutex<HashMap<String, Instant>>,
 }
 
 impl PolicyBatches {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Submission>>> {
-        self.open.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn writer(&self, vhost: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut writers = self.writers.lock().unwrap_or_else(PoisonError::into_inner);
-        writers.entry(vhost.to_string()).or_default().clone()
-    }
-
     fn busy_now(&self, vhost: &str) {
         let mut last = self
             .last_busy
@@ -62,16 +49,7 @@ impl PolicyBatches {
     /// How long `vhost` has had no batch open or being written (since the client began,
     /// for a vhost that never had one); `None` while one is.
     fn idle_for(&self, vhost: &str) -> Option<Duration> {
-        if self.lock().contains_key(vhost) {
-            return None;
-        }
-        let writing = self
-            .writers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(vhost)
-            .is_some_and(|writer| writer.try_lock().is_err());
-        if writing {
+        if self.batches.busy(vhost) {
             return None;
         }
         let last = self
@@ -134,36 +112,17 @@ pub async fn put_policies_together(
     let count = policies.len();
     let (done, outcome) = oneshot::channel();
     let submission = Submission { policies, done };
-    let opened = {
-        let mut open = management.policy_batches.lock();
-        match open.get_mut(vhost) {
-            Some(batch) => {
-                batch.push(submission);
-                false
-            }
-            None => {
-                open.insert(vhost.to_string(), vec![submission]);
-                true
-            }
-        }
-    };
-    if opened {
-        let management = management.clone();
-        let vhost = vhost.to_string();
-        tokio::spawn(async move {
-            tokio::time::sleep(window).await;
-            // The batch stays open, gathering more, while the one before is written.
-            let writer = management.policy_batches.writer(&vhost);
-            let _writing = writer.lock().await;
-            let batch = management
-                .policy_batches
-                .lock()
-                .remove(&vhost)
-                .unwrap_or_default();
+    management.policy_batches.batches.submit(
+        management,
+        |management| &management.policy_batches.batches,
+        vhost,
+        submission,
+        window,
+        |management, vhost, batch| async move {
             write_batch(&management, &vhost, batch).await;
             management.policy_batches.busy_now(&vhost);
-        });
-    }
+        },
+    );
     let written = outcome.await.unwrap_or_else(|_| {
         Err(TopologyError::Refused {
             action: format!("write {count} policies into vhost {vhost:?}"),

@@ -1,0 +1,195 @@
+//! Deciding claims: whether a pipeline may take the names it asks for, given the markers
+//! and the objects a broker holds, read under the claims' locks. Pure: the reading,
+//! locking and writing are [`super::management::claims_together`]'s.
+
+use std::collections::BTreeSet;
+
+use super::error::TopologyError;
+use super::ownership::{Claim, Markers, Owner};
+
+/// What one pipeline asks to claim.
+#[derive(Debug, Clone)]
+pub struct ClaimAsk {
+    /// Who asks: the owner its markers will name.
+    pub owner: Owner,
+    /// What it wants and does not hold yet.
+    pub claims: Vec<Claim>,
+    /// The whole-topology marker a 0.1 release wrote for the pipeline's spec, and the
+    /// claims of that topology: taken without markers of their own when that marker
+    /// names this pipeline.
+    pub legacy: Option<LegacyTopology>,
+}
+
+/// A topology that the operator's 0.1 releases marked whole (see
+/// [`super::ownership::legacy_topology_marker`]).
+#[derive(Debug, Clone)]
+pub struct LegacyTopology {
+    pub marker: String,
+    pub claims: BTreeSet<Claim>,
+}
+
+/// Why a claim was not taken.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClaimError {
+    /// Another pipeline's marker names it (`owner`, as [`Owner`] displays it).
+    #[error("{what} is owned by {owner}")]
+    Owned { what: String, owner: String },
+    /// It exists with no marker: made by hand, or by someone else.
+    #[error("{what} exists and no pipeline's marker names it")]
+    Unclaimed { what: String },
+    /// The broker could not be read or written.
+    #[error(transparent)]
+    Broker(#[from] TopologyError),
+}
+
+/// What a broker holds, as read under the locks of a batch of claims.
+#[derive(Debug, Default)]
+pub struct Found {
+    pub markers: Markers,
+    /// Which of the claims asked for with no marker exist.
+    pub existing: BTreeSet<Claim>,
+}
+
+/// What a claim that may go ahead writes.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Take {
+    /// The claims whose markers it writes, naming its owner.
+    pub mark: Vec<Claim>,
+    /// The 0.1 release's marker to remove once those are written.
+    pub clear: Option<String>,
+}
+
+/// Whether `ask` may take its claims given what was `found`: each must be unmarked and
+/// not there, marked by its owner (or retained for a pipeline of its name), or part of a
+/// topology a 0.1 release marked as this pipeline's.
+pub fn decide(ask: &ClaimAsk, found: &Found) -> Result<Take, ClaimError> {
+    let legacy_ours = ask.legacy.as_ref().filter(|legacy| {
+        found
+            .markers
+            .owner_of_marker(&legacy.marker)
+            .is_some_and(|owner| owner.uid == ask.owner.uid)
+    });
+    let mut of_legacy = false;
+    for claim in &ask.claims {
+        match found.markers.owner(claim) {
+            Some(owner) if ask.owner.may_take(owner) => {}
+            Some(owner) => {
+                return Err(ClaimError::Owned {
+                    what: claim.to_string(),
+                    owner: owner.to_string(),
+                });
+            }
+            None if !found.existing.contains(claim) => {}
+            None if legacy_ours.is_some_and(|legacy| legacy.claims.contains(claim)) => {
+                of_legacy = true;
+            }
+            None => {
+                return Err(ClaimError::Unclaimed {
+                    what: claim.to_string(),
+                });
+            }
+        }
+    }
+    Ok(Take {
+        mark: ask.claims.clone(),
+        clear: legacy_ours.filter(|_| of_legacy).map(|l| l.marker.clone()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::ownership::legacy_topology_marker;
+
+    fn owner(uid: &str, retained: bool) -> Owner {
+        Owner {
+            cluster: "eu".into(),
+            namespace: "prod".into(),
+            name: "shop".into(),
+            uid: uid.into(),
+            retained,
+        }
+    }
+
+    fn queue(name: &str) -> Claim {
+        Claim::Queue {
+            vhost: "shop".into(),
+            name: name.into(),
+        }
+    }
+
+    fn ask(uid: &str, claims: &[Claim]) -> ClaimAsk {
+        ClaimAsk {
+            owner: owner(uid, false),
+            claims: claims.to_vec(),
+            legacy: None,
+        }
+    }
+
+    fn marked(pairs: &[(&Claim, Owner)]) -> Markers {
+        let mut markers = Markers::default();
+        for (claim, owner) in pairs {
+            markers.insert(claim.marker(), owner.clone());
+        }
+        markers
+    }
+
+    #[test]
+    fn what_is_unmarked_and_not_there_or_marked_as_its_own_is_taken() {
+        let (a, b) = (queue("a"), queue("b"));
+        let found = Found {
+            markers: marked(&[(&a, owner("me", false))]),
+            existing: BTreeSet::new(),
+        };
+        let take = decide(&ask("me", &[a.clone(), b.clone()]), &found).expect("taken");
+        assert_eq!(take.mark, vec![a, b]);
+        assert_eq!(take.clear, None);
+    }
+
+    #[test]
+    fn another_pipelines_marker_refuses_unless_it_was_retained_for_this_name() {
+        let a = queue("a");
+        let found = Found {
+            markers: marked(&[(&a, owner("other", false))]),
+            existing: BTreeSet::from([a.clone()]),
+        };
+        let error = decide(&ask("me", std::slice::from_ref(&a)), &found).unwrap_err();
+        assert!(
+            matches!(error, ClaimError::Owned { ref owner, .. } if owner.contains("uid other"))
+        );
+        let retained = Found {
+            markers: marked(&[(&a, owner("other", true))]),
+            existing: BTreeSet::from([a.clone()]),
+        };
+        assert!(decide(&ask("me", &[a]), &retained).is_ok());
+    }
+
+    #[test]
+    fn an_object_there_without_a_marker_refuses_unless_a_legacy_marker_names_this_pipeline() {
+        let a = queue("a");
+        let found = |legacy_owner: &str| Found {
+            markers: {
+                let mut markers = Markers::default();
+                markers.insert(
+                    legacy_topology_marker("shop", "a"),
+                    owner(legacy_owner, false),
+                );
+                markers
+            },
+            existing: BTreeSet::from([a.clone()]),
+        };
+        let mut asked = ask("me", std::slice::from_ref(&a));
+        let error = decide(&asked, &found("me")).unwrap_err();
+        assert!(matches!(error, ClaimError::Unclaimed { .. }), "{error}");
+        asked.legacy = Some(LegacyTopology {
+            marker: legacy_topology_marker("shop", "a"),
+            claims: BTreeSet::from([a.clone()]),
+        });
+        let take = decide(&asked, &found("me")).expect("the 0.1 topology is its own");
+        assert_eq!(take.clear, Some(legacy_topology_marker("shop", "a")));
+        assert!(matches!(
+            decide(&asked, &found("other")),
+            Err(ClaimError::Unclaimed { .. })
+        ));
+    }
+}

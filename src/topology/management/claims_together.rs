@@ -1,0 +1,209 @@
+//! The claims of work running at once (the controller's reconciles of many pipelines),
+//! gathered per vhost and decided together under one lock.
+//!
+//! A claim is decided under a lock ([`crate::topology::claim_lock`]): the markers and
+//! the objects are read, and the markers written, while no one else claims the same
+//! names. Taken claim by claim, that is a lock queue declared and deleted, a marker and
+//! an object read per name: most of what a first pass of many pipelines asks of the
+//! broker beyond their topologies. So the claims of a vhost's reconciles running at once
+//! go in one batch ([`super::batches`]): its locks are taken once (the vhost's, and a
+//! workers' user's per user), every marker is read in one request and what exists in
+//! two, each claim is decided in turn on what was read and what the claims before it in
+//! the batch took ([`crate::topology::claims::decide`]), and the markers of those that
+//! may go ahead are written. Each reconcile learns the outcome of its own claims: one
+//! refused does not refuse the others.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::{join_all, try_join_all};
+use serde::Deserialize;
+use tokio::sync::oneshot;
+
+use super::Management;
+use crate::topology::claims::{ClaimAsk, ClaimError, Found, Take, decide};
+use crate::topology::error::TopologyError;
+use crate::topology::ownership::Claim;
+
+/// One reconcile's claims in a batch, and where its outcome goes.
+pub(in crate::topology) struct Submission {
+    ask: ClaimAsk,
+    done: oneshot::Sender<Result<(), ClaimError>>,
+}
+
+/// Takes `ask`'s claims in `vhost` (the pipeline's, for its exchanges and queues)
+/// together with those other work of `management` asks for in the same vhost within
+/// `window` of the first (or until the vhost's batch before is decided, if later),
+/// waiting up to `lock_wait` for the locks; returns once its markers are written, or
+/// with why they may not be.
+pub async fn claim_together(
+    management: &Arc<Management>,
+    vhost: &str,
+    ask: ClaimAsk,
+    window: Duration,
+    lock_wait: Duration,
+) -> Result<(), ClaimError> {
+    let marks = ask.claims.len();
+    let (done, outcome) = oneshot::channel();
+    management.claim_batches.submit(
+        management,
+        |management| &management.claim_batches,
+        vhost,
+        Submission { ask, done },
+        window,
+        move |management, vhost, batch| async move {
+            decide_batch(&management, &vhost, batch, lock_wait).await;
+        },
+    );
+    let taken = outcome.await.unwrap_or_else(|_| {
+        Err(ClaimError::Broker(TopologyError::Refused {
+            action: format!("claim {marks} names in vhost {vhost:?}"),
+            status: 0,
+            reason: "the batch that held the claims ended before deciding them".into(),
+        }))
+    });
+    if taken.is_ok() {
+        // Written by the batch's task: counted for the work that asked for them.
+        management.tally_writes(marks);
+    }
+    taken
+}
+
+async fn decide_batch(
+    management: &Management,
+    vhost: &str,
+    batch: Vec<Submission>,
+    lock_wait: Duration,
+) {
+    let claims: Vec<&Claim> = batch.iter().flat_map(|s| &s.ask.claims).collect();
+    // Every locker of these names takes the same locks, in the same order.
+    let holder = batch.first().map(|s| s.ask.owner.uid.clone());
+    let locks = management
+        .lock_claims(&claims, holder.as_deref().unwrap_or_default(), lock_wait)
+        .await;
+    let locks = match locks {
+        Ok(locks) => locks,
+        Err(e) => {
+            for submission in batch {
+                let _ = submission.done.send(Err(e.clone().into()));
+            }
+            return;
+        }
+    };
+    let found = read_found(management, vhost, &claims).await;
+    let outcomes = match found {
+        Ok(mut found) => {
+            let decided: Vec<Result<Take, ClaimError>> = batch
+                .iter()
+                .map(|submission| {
+                    let take = decide(&submission.ask, &found)?;
+                    for claim in &take.mark {
+                        found
+                            .markers
+                            .insert(claim.marker(), submission.ask.owner.clone());
+                    }
+                    Ok(take)
+                })
+                .collect();
+            let writes = batch
+                .iter()
+                .zip(decided)
+                .map(|(submission, decided)| write_take(management, &submission.ask, decided));
+            join_all(writes).await
+        }
+        Err(e) => batch.iter().map(|_| Err(e.clone().into())).collect(),
+    };
+    locks.release().await;
+    for (submission, outcome) in batch.into_iter().zip(outcomes) {
+        let _ = submission.done.send(outcome);
+    }
+}
+
+/// Writes what a claim that may go ahead takes.
+async fn write_take(
+    management: &Management,
+    ask: &ClaimAsk,
+    decided: Result<Take, ClaimError>,
+) -> Result<(), ClaimError> {
+    let take = decided?;
+    try_join_all(
+        take.mark
+            .iter()
+            .map(|claim| management.set_owner_of(claim, &ask.owner)),
+    )
+    .await?;
+    if let Some(marker) = &take.clear {
+        management.clear_owner(marker).await?;
+    }
+    Ok(())
+}
+
+/// Every marker, and which of `claims` with none exist: read now, under the locks.
+async fn read_found(
+    management: &Management,
+    vhost: &str,
+    claims: &[&Claim],
+) -> Result<Found, TopologyError> {
+    let markers = management.markers().await?;
+    let unmarked: Vec<&Claim> = claims
+        .iter()
+        .copied()
+        .filter(|claim| markers.owner(claim).is_none())
+        .collect();
+    let mut existing = BTreeSet::new();
+    let in_vhost = |kind: fn(&Claim) -> bool| unmarked.iter().any(|claim| kind(claim));
+    let wants_exchanges = in_vhost(|c| matches!(c, Claim::Exchange { .. }));
+    let wants_queues = in_vhost(|c| matches!(c, Claim::Queue { .. }));
+    if (wants_exchanges || wants_queues) && management.vhost_exists(vhost).await? {
+        if wants_exchanges {
+            for name in management.names_in(vhost, "exchanges").await? {
+                existing.insert(Claim::Exchange {
+                    vhost: vhost.to_string(),
+                    name,
+                });
+            }
+        }
+        if wants_queues {
+            for name in management.names_in(vhost, "queues").await? {
+                existing.insert(Claim::Queue {
+                    vhost: vhost.to_string(),
+                    name,
+                });
+            }
+        }
+    }
+    for claim in &unmarked {
+        // A user is in no vhost; an exchange or queue of another vhost is no batch's.
+        let elsewhere = claim.vhost().is_none_or(|of| of != vhost);
+        if elsewhere && management.claimed_exists(claim).await? {
+            existing.insert((*claim).clone());
+        }
+    }
+    Ok(Found { markers, existing })
+}
+
+/// An exchange or queue as a list of names answers.
+#[derive(Deserialize)]
+struct Named {
+    name: String,
+}
+
+impl Management {
+    /// The names of every exchange (`kind` = `"exchanges"`) or queue (`"queues"`) of
+    /// `vhost`: one request, without the statistics the broker would gather for each.
+    async fn names_in(&self, vhost: &str, kind: &str) -> Result<Vec<String>, TopologyError> {
+        let listed: Option<Vec<Named>> = self
+            .get_json_with(
+                &[kind, vhost],
+                &[("columns", "name"), ("disable_stats", "true")],
+                &format!("list the {kind} of vhost {vhost:?}"),
+            )
+            .await?;
+        Ok(listed
+            .unwrap_or_default()
+            .into_iter()
+            .map(|named| named.name)
+            .collect())
+    }
+}
