@@ -38,7 +38,6 @@ use crate::topology::error::TopologyError;
 use batches::VhostBatches;
 use markers::SharedMarkers;
 use snapshot::SharedSnapshots;
-use together::PolicyBatches;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -128,7 +127,7 @@ pub struct Management {
     pub(super) markers_read: tokio::sync::Mutex<()>,
     /// Policies of work running at once, gathered per vhost
     /// ([`together::put_policies_together`]).
-    pub(super) policy_batches: PolicyBatches,
+    pub(super) policy_batches: VhostBatches<together::Submission>,
     /// Claims of work running at once, gathered per vhost
     /// ([`claims_together::claim_together`]).
     pub(super) claim_batches: VhostBatches<claims_together::Submission>,
@@ -165,7 +164,7 @@ impl Management {
             snapshot_read: tokio::sync::Mutex::new(()),
             markers: Mutex::default(),
             markers_read: tokio::sync::Mutex::new(()),
-            policy_batches: PolicyBatches::default(),
+            policy_batches: VhostBatches::default(),
             claim_batches: VhostBatches::default(),
             lock_vhost_ready: tokio::sync::Mutex::new(false),
         })

@@ -5,67 +5,39 @@
 //! written one by one by many reconciles cost more and more, while one definitions import
 //! of them all costs far less ([`super::import`]). So a reconcile that has policies to
 //! write for a vhost hands them to the vhost's open batch ([`super::batches`]) and waits
-//! while the batch is written at once, in one import (in parts). Each reconcile learns the outcome of its own policies: when the import
-//! fails as a whole (or this user may not import), each submission's policies are PUT
-//! one by one, so one bad policy does not fail the others.
+//! while the batch is written at once, in one import (in parts). Each reconcile learns
+//! the outcome of its own policies: when the import fails as a whole (or this user may
+//! not import), each submission's policies are PUT one by one, so one bad policy does
+//! not fail the others.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::join_all;
 use tokio::sync::oneshot;
 
 use super::Management;
-use super::batches::VhostBatches;
 use crate::topology::desired::Policy;
 use crate::topology::diff::Change;
 use crate::topology::error::TopologyError;
 
 /// One reconcile's policies in a batch, and where its outcome goes.
-struct Submission {
+pub(in crate::topology) struct Submission {
     policies: Vec<Policy>,
     /// The outcome, and how many submissions the batch held.
     done: oneshot::Sender<Result<usize, TopologyError>>,
 }
 
-/// The policy batches of each vhost of a client, and when each vhost last had one.
-#[derive(Default)]
-pub(in crate::topology) struct PolicyBatches {
-    batches: VhostBatches<Submission>,
-    /// When each vhost last had a submission or a batch written.
-    last_busy: Mutex<HashMap<String, Instant>>,
-}
-
-impl PolicyBatches {
-    fn busy_now(&self, vhost: &str) {
-        let mut last = self
-            .last_busy
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        last.insert(vhost.to_string(), Instant::now());
-    }
-
-    /// How long `vhost` has had no batch open or being written (since the client began,
-    /// for a vhost that never had one); `None` while one is.
-    fn idle_for(&self, vhost: &str) -> Option<Duration> {
-        if self.batches.busy(vhost) {
-            return None;
-        }
-        let last = self
-            .last_busy
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        Some(last.get(vhost).map_or(Duration::MAX, Instant::elapsed))
-    }
-}
-
-/// Returns once `vhost` has had no policies submitted or written through `management`
-/// for `quiet`: the work that writes a vhost's policies ahead of its queues
-/// (`defer_rest` of [`crate::topology::apply_shared`]) makes the queues after this.
+/// Returns once `vhost` has had no policies or claims submitted or written through
+/// `management` for `quiet`: the work that writes a vhost's policies ahead of its queues
+/// (`defer_rest` of [`crate::topology::apply_shared`]) makes the queues after this. Work
+/// still claiming names in the vhost will write policies next, so the vhost has not
+/// settled while claims are decided there.
 pub async fn policies_settled(management: &Management, vhost: &str, quiet: Duration) {
     loop {
-        match management.policy_batches.idle_for(vhost) {
+        let policies = management.policy_batches.idle_for(vhost);
+        let claims = management.claim_batches.idle_for(vhost);
+        match policies.zip(claims).map(|(p, c)| p.min(c)) {
             Some(idle) if idle >= quiet => return,
             Some(idle) => tokio::time::sleep(quiet - idle).await,
             None => tokio::time::sleep(quiet / 4).await,
@@ -108,19 +80,17 @@ pub async fn put_policies_together(
         });
     }
     let idle_before = management.policy_batches.idle_for(vhost);
-    management.policy_batches.busy_now(vhost);
     let count = policies.len();
     let (done, outcome) = oneshot::channel();
     let submission = Submission { policies, done };
-    management.policy_batches.batches.submit(
+    management.policy_batches.submit(
         management,
-        |management| &management.policy_batches.batches,
+        |management| &management.policy_batches,
         vhost,
         submission,
         window,
         |management, vhost, batch| async move {
             write_batch(&management, &vhost, batch).await;
-            management.policy_batches.busy_now(&vhost);
         },
     );
     let written = outcome.await.unwrap_or_else(|_| {
