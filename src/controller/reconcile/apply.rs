@@ -26,7 +26,7 @@ use crate::controller::reconcile::desired::Desired;
 use crate::controller::reconcile::resolve::{LiveKeda, Resolved};
 use crate::controller::reconcile::retire::retire;
 use crate::controller::reconcile::validate::Validated;
-use crate::controller::runtime::ahead::SETTLED_AFTER;
+use crate::controller::runtime::ahead::AMONG_OTHERS_WITHIN;
 use crate::topology::ownership::{Claim, is_former_tier};
 use crate::topology::{self, Change, UserChange, UserGrant};
 
@@ -106,7 +106,7 @@ pub async fn apply(
         &desired.topology,
         ctx.settings.definitions_max_age,
         ctx.settings.policy_window,
-        policies_ahead.then_some(SETTLED_AFTER),
+        policies_ahead.then_some(AMONG_OTHERS_WITHIN),
     )
     .await?;
     if shared.rest_deferred {

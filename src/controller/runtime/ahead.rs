@@ -6,12 +6,11 @@
 //! have their queues than in a vhost still empty. With `--concurrency` reconciles at a
 //! time, the policies of later pipelines would always land among the queues of earlier
 //! ones. So a pipeline whose policies went in a batch with others', or less than
-//! [`SETTLED_AFTER`] after others (see [`crate::topology::apply_shared`]), stops after
-//! them and is reconciled again once the vhost has had no policy to write for as long:
-//! by then the pipelines
-//! reconciled after it have written theirs, and the exchanges and queues of all of them
-//! are made after every policy. That is two reconciles for such a pipeline, one for a
-//! pipeline made alone.
+//! [`AMONG_OTHERS_WITHIN`] after others (see [`crate::topology::apply_shared`]), stops
+//! after them and is reconciled again once the vhost has had no claims to decide and no
+//! policy to write for [`SETTLED_AFTER`]: by then the pipelines reconciled after it have
+//! written theirs, and the exchanges and queues of all of them are made after every
+//! policy. That is two reconciles for such a pipeline, one for a pipeline made alone.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -26,10 +25,15 @@ use crate::controller::runtime::index::Guarded;
 use crate::topology::Management;
 use crate::topology::management::together::policies_settled;
 
-/// How long a vhost has no policies to write before the pipelines that wrote theirs
-/// ahead make their exchanges and queues: longer than a reconcile takes to reach its
+/// How long a vhost has no claims to decide and no policies to write before the
+/// pipelines that wrote their policies ahead make their exchanges and queues: longer
+/// than a reconcile takes from its start to its claims, and from its claims to its
 /// policies, so the reconciles still to run in a first pass keep it busy.
-pub const SETTLED_AFTER: Duration = Duration::from_secs(1);
+pub const SETTLED_AFTER: Duration = Duration::from_millis(400);
+
+/// A pipeline whose policies go in a batch with others', or this soon after the vhost's
+/// batch before, is made among others and goes ahead.
+pub const AMONG_OTHERS_WITHIN: Duration = Duration::from_secs(1);
 
 /// When a pipeline that went ahead is reconciled again if its vhost never settles (or
 /// the controller that would reconcile it is gone): long beside a first pass's policies
