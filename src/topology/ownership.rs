@@ -237,6 +237,11 @@ impl Markers {
         self.owners.insert(marker, owner);
     }
 
+    /// No longer counts `marker`: it was removed through this client.
+    pub(in crate::topology) fn remove(&mut self, marker: &str) {
+        self.owners.remove(marker);
+    }
+
     /// Markers as read from a list of global parameters: those whose name starts with
     /// [`MARKER_PREFIX`]. A marker whose value does not read as an owner (written by
     /// hand) names an owner no pipeline is.

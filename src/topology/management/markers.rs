@@ -36,8 +36,10 @@ impl Management {
     /// The markers as read at most `max_age` ago, else read now. Only what reads as this
     /// pipeline's own may be decided on them: a marker of its own is removed by no one
     /// but its owner, so it is still there; a claim is always decided on markers read
-    /// under its lock ([`owner`](Self::owner)). A marker written or removed through this
-    /// client makes the next call read again.
+    /// under its lock. A marker written or removed through this client is written into
+    /// or removed from what was read, as a new read would find it: reading again after
+    /// each would make the reconciles of a first pass, whose claims write markers all
+    /// the time, each wait for a read of its own, one after another.
     pub async fn shared_markers(&self, max_age: Duration) -> Result<Markers, TopologyError> {
         let fresh = || {
             self.markers
@@ -64,7 +66,17 @@ impl Management {
         Ok(markers)
     }
 
-    fn markers_changed(&self) {
+    /// Applies a marker written or removed through this client to the markers read.
+    fn markers_changed(&self, change: impl FnOnce(&mut Markers)) {
+        let mut shared = self.markers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, markers)) = shared.read.as_mut() {
+            change(markers);
+        }
+    }
+
+    /// A write or removal of a marker failed, perhaps after the broker made it: the next
+    /// call reads them again.
+    fn markers_unknown(&self) {
         self.markers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -93,10 +105,14 @@ impl Management {
             name: marker,
             value,
         };
-        self.markers_changed();
         self.bounded_write(self.api.upsert_global_runtime_parameter(&parameter))
             .await
-            .map_err(|e| self.error(&format!("write global parameter {marker:?}"), e))
+            .map_err(|e| {
+                self.markers_unknown();
+                self.error(&format!("write global parameter {marker:?}"), e)
+            })?;
+        self.markers_changed(|markers| markers.insert(marker.to_string(), owner.clone()));
+        Ok(())
     }
 
     /// Writes the marker of `claim` naming `owner`.
@@ -106,15 +122,19 @@ impl Management {
 
     /// Removes `marker`; `false` when it was not there.
     pub async fn clear_owner(&self, marker: &str) -> Result<bool, TopologyError> {
-        self.markers_changed();
-        match self
+        let cleared = match self
             .bounded_write(self.api.clear_global_runtime_parameter(marker))
             .await
         {
             Ok(()) => Ok(true),
             Err(e) if e.is_not_found() => Ok(false),
-            Err(e) => Err(self.error(&format!("remove global parameter {marker:?}"), e)),
-        }
+            Err(e) => {
+                self.markers_unknown();
+                Err(self.error(&format!("remove global parameter {marker:?}"), e))
+            }
+        }?;
+        self.markers_changed(|markers| markers.remove(marker));
+        Ok(cleared)
     }
 
     /// Whether what `claim` names exists in the broker now.
