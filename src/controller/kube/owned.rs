@@ -7,7 +7,9 @@
 //! times the memory of its JSON, and a reconcile reads one object of a thousand. The
 //! same watch triggers the reconciles of their pipelines: a change is in the
 //! cache before the reconcile it causes starts. A reconcile reads an object from a cache
-//! that has synced (a reconcile that starts before waits up to [`SYNC_WAIT`] for it);
+//! that has synced (a reconcile that starts before waits up to [`SYNC_WAIT`] for it:
+//! through a signal of its own, since kube-runtime's `Store::wait_until_ready` wakes only
+//! the last of several tasks waiting at once, and the others only at their timeout);
 //! one not there (a new pipeline, an object of that name the operator did not make, a
 //! cache that did not sync in time, or a reconcile run without controllers, as some tests
 //! do) is read from the API server, so the cache only saves requests and never
@@ -21,7 +23,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Debug;
 use std::marker::PhantomData;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -53,6 +55,8 @@ pub struct OwnedStores {
 #[derive(Default)]
 pub struct OwnedCaches {
     scopes: Mutex<Vec<OwnedStores>>,
+    /// How many registered scopes' caches have not synced yet.
+    unsynced: Arc<tokio::sync::watch::Sender<usize>>,
     /// The `resourceVersion`s of the operator's last writes of each object, newest last,
     /// by `(kind, namespace, name)`: several, since reconciles of several pipelines write
     /// one object (a connection Secret they share) at about the same time.
@@ -142,8 +146,19 @@ impl Owned for Secret {
 }
 
 impl OwnedCaches {
+    /// Adds a controller's caches. One task waits for them to sync, the only waiter on
+    /// each store (kube-runtime wakes one of several), and tells the reconciles waiting
+    /// in [`read`](Self::read).
     pub fn register(&self, stores: OwnedStores) {
-        lock(&self.scopes).push(stores);
+        lock(&self.scopes).push(stores.clone());
+        self.unsynced.send_modify(|unsynced| *unsynced += 1);
+        let unsynced = self.unsynced.clone();
+        tokio::spawn(async move {
+            // A store whose writer is gone never syncs: reads go to the API server.
+            let _ = stores.deployments.wait_until_ready().await;
+            let _ = stores.secrets.wait_until_ready().await;
+            unsynced.send_modify(|unsynced| *unsynced = unsynced.saturating_sub(1));
+        });
     }
 
     /// Notes the operator's write of `object`, as the API server returned it.
@@ -264,11 +279,8 @@ impl OwnedCaches {
         namespace: &str,
         name: &str,
     ) -> Result<Option<K>, Error> {
-        let stores: Vec<Store<Packed<K>>> = lock(&self.scopes)
-            .iter()
-            .map(|stores| K::store(stores).clone())
-            .collect();
-        let synced = futures::future::join_all(stores.iter().map(Store::wait_until_ready));
+        let mut unsynced = self.unsynced.subscribe();
+        let synced = unsynced.wait_for(|unsynced| *unsynced == 0);
         let _ = tokio::time::timeout(SYNC_WAIT, synced).await;
         if let Some(found) = self.cached(namespace, name) {
             return Ok(Some(found));
