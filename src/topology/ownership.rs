@@ -266,7 +266,7 @@ pub(in crate::topology) struct GlobalParameter {
     value: serde_json::Value,
 }
 
-pub(in crate::topology) fn read_owner(marker: &str, value: serde_json::Value) -> Owner {
+fn read_owner(marker: &str, value: serde_json::Value) -> Owner {
     serde_json::from_value(value).unwrap_or_else(|_| Owner {
         cluster: "?".into(),
         namespace: "?".into(),

@@ -80,12 +80,11 @@ impl<S: Send + 'static> VhostBatches<S> {
         Some(last.get(vhost).map_or(Duration::MAX, Instant::elapsed))
     }
 
-    /// Adds `submission` to `vhost`'s open batch, opening it if there is none: then,
-    /// after `window` (or a tenth of it with no new submission) and once the vhost's
-    /// batch before is done, `batches(&management)`'s
-    /// batch of `vhost` is taken and given to `work`, on a task of its own.
+    /// Adds `submission` to the open batch of `vhost` in `batches(management)`, opening
+    /// it if there is none: then, after `window` (or a tenth of it with no new
+    /// submission) and once the vhost's batch before is done, the batch is taken and
+    /// given to `work`, on a task of its own.
     pub(in crate::topology) fn submit<W, F>(
-        &self,
         management: &Arc<Management>,
         batches: fn(&Management) -> &Self,
         vhost: &str,
@@ -96,10 +95,11 @@ impl<S: Send + 'static> VhostBatches<S> {
         W: FnOnce(Arc<Management>, String, Vec<S>) -> F + Send + 'static,
         F: Future<Output = ()> + Send,
     {
-        self.busy_now(vhost);
+        let this = batches(management);
+        this.busy_now(vhost);
         let opened = Instant::now();
         {
-            let mut open = self.open();
+            let mut open = this.open();
             if let Some(batch) = open.get_mut(vhost) {
                 batch.submissions.push(submission);
                 batch.last = opened;

@@ -22,6 +22,7 @@ use serde::Deserialize;
 use tokio::sync::oneshot;
 
 use super::Management;
+use super::batches::VhostBatches;
 use crate::topology::claims::{ClaimAsk, ClaimError, Found, Take, decide};
 use crate::topology::error::TopologyError;
 use crate::topology::ownership::Claim;
@@ -46,7 +47,7 @@ pub async fn claim_together(
 ) -> Result<(), ClaimError> {
     let marks = ask.claims.len();
     let (done, outcome) = oneshot::channel();
-    management.claim_batches.submit(
+    VhostBatches::submit(
         management,
         |management| &management.claim_batches,
         vhost,

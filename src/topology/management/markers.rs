@@ -8,7 +8,7 @@ use rabbitmq_http_client::requests::GlobalRuntimeParameterDefinition;
 
 use super::Management;
 use crate::topology::error::TopologyError;
-use crate::topology::ownership::{Claim, GlobalParameter, Markers, Owner, read_owner};
+use crate::topology::ownership::{Claim, GlobalParameter, Markers, Owner};
 
 /// Markers read once and shared by the work of a client for a while (see
 /// [`Management::shared_markers`]).
@@ -81,18 +81,6 @@ impl Management {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .read = None;
-    }
-
-    /// The owner `marker` names, read now, if it exists.
-    pub async fn owner(&self, marker: &str) -> Result<Option<Owner>, TopologyError> {
-        match self
-            .read(self.api.get_global_runtime_parameter(marker))
-            .await
-        {
-            Ok(parameter) => Ok(Some(read_owner(marker, parameter.value.into()))),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(self.error(&format!("read global parameter {marker:?}"), e)),
-        }
     }
 
     /// Writes `marker` naming `owner`.

@@ -17,6 +17,7 @@ use futures::future::join_all;
 use tokio::sync::oneshot;
 
 use super::Management;
+use super::batches::VhostBatches;
 use crate::topology::desired::Policy;
 use crate::topology::diff::Change;
 use crate::topology::error::TopologyError;
@@ -83,7 +84,7 @@ pub async fn put_policies_together(
     let count = policies.len();
     let (done, outcome) = oneshot::channel();
     let submission = Submission { policies, done };
-    management.policy_batches.submit(
+    VhostBatches::submit(
         management,
         |management| &management.policy_batches,
         vhost,
