@@ -367,7 +367,7 @@ async fn measure(sizes: &Sizes, broker: Option<&(Proxy, &str)>) -> Result<()> {
         (kubernetes, management)
     };
     let command = match broker {
-        Some(_) if sizes.command => Some(command_first_apply(address, pipelines).await?),
+        Some(proxy) if sizes.command => Some(command_first_apply(proxy, address, pipelines).await?),
         _ => None,
     };
     let ahead = match broker {
@@ -625,10 +625,10 @@ fn not_ready(fake: &FakeApi, pipelines: usize) -> Vec<(String, String)> {
 /// Times the topology command's first apply of the controller's `pipelines` (their
 /// topologies, `mailer_testkit::many`'s) into a fresh vhost of their own on the broker
 /// at `address`, as `mailer topology apply -f` makes them (`topology::apply_all`, one
-/// client), then deletes that vhost.
-async fn command_first_apply(address: &str, pipelines: usize) -> Result<Duration> {
-    use mailer::topology::{self, Management, ManagementEndpoint};
-    let endpoint = ManagementEndpoint::parse(&format!("http://guest:guest@{address}"))?;
+/// client), then deletes that vhost. It talks through `proxy`, as the controller does,
+/// so both pay the same hop and their requests are counted alike.
+async fn command_first_apply(proxy: &Proxy, address: &str, pipelines: usize) -> Result<Duration> {
+    use mailer::topology;
     let api = rabbitmq_http_client::api::Client::new(
         format!("http://{address}/api"),
         "guest".to_string(),
@@ -636,9 +636,10 @@ async fn command_first_apply(address: &str, pipelines: usize) -> Result<Duration
     );
     // Left by a run that failed: its queues would slow this one down.
     let _ = api.delete_vhost(COMMAND_VHOST, true).await;
-    let management = Management::new(&endpoint)?;
+    let management = proxy.management();
     let capabilities = management.capabilities().await?;
     let topologies = mailer_testkit::many::topologies(COMMAND_VHOST, 0..pipelines, capabilities);
+    proxy.take();
     println!(
         "  the topology command's first apply of {pipelines} pipelines into vhost {COMMAND_VHOST}, load average {}",
         load_average()
@@ -655,6 +656,7 @@ async fn command_first_apply(address: &str, pipelines: usize) -> Result<Duration
         management.writes(),
         management.reads(),
     );
+    print_kinds("  the topology command", &proxy.take(), pipelines);
     let deleting = Instant::now();
     api.delete_vhost(COMMAND_VHOST, true)
         .await

@@ -123,7 +123,11 @@ async fn plan_one(
             management.observe_in_snapshot(topology, snapshot).await?
         }
     };
-    diff::plan(topology, &observed).map_err(|conflicts| TopologyError::Conflict {
+    planned(topology, &observed)
+}
+
+fn planned(topology: &Topology, observed: &Observed) -> Result<Vec<Change>, TopologyError> {
+    diff::plan(topology, observed).map_err(|conflicts| TopologyError::Conflict {
         vhost: topology.vhost.clone(),
         conflicts,
     })
@@ -201,11 +205,13 @@ pub struct SharedApplied {
 }
 
 /// As [`apply`], for pipelines applied one at a time by work running at once (the
-/// controller's reconciles): a vhost's definitions, read at most once per `max_age` and
-/// only while nothing has been written there through this client for as long (a vhost
-/// being built is read by name), serve each of its pipelines instead of their objects by
-/// name, so a pipeline in sync costs no request of its own. A change in the vhost by
-/// someone else is found up to `max_age` later than by [`apply`]. With a `policy_window`,
+/// controller's reconciles), each holding claims on its topology's exchanges and
+/// queues: a vhost's definitions, read at most once per `max_age` and kept current by
+/// this client's own writes (see [`super::management::snapshot`]), serve each of its
+/// pipelines instead of their objects by name, so a pipeline in sync costs no request of
+/// its own and one being made costs no read. A change in the vhost by someone else is
+/// found up to `max_age` later than by [`apply`] (a write it makes fail says so at
+/// once). With a `policy_window`,
 /// the policies to write go together with those of the other work of this client for the
 /// same vhost within that window ([`super::management::together`]).
 ///
@@ -222,11 +228,13 @@ pub async fn apply_shared(
     policy_window: Duration,
     defer_rest: Option<Duration>,
 ) -> Result<SharedApplied, TopologyError> {
-    let view = match management.shared_snapshot(&topology.vhost, max_age).await? {
-        Some(snapshot) => VhostView::Definitions(snapshot),
-        None => view_of(management, &topology.vhost, 1).await?,
+    let plan = match management.shared_observe(topology, max_age).await? {
+        Some(observed) => planned(topology, &observed)?,
+        None => {
+            let view = view_of(management, &topology.vhost, 1).await?;
+            plan_one(management, topology, Some(&view)).await?
+        }
     };
-    let plan = plan_one(management, topology, Some(&view)).await?;
     if policy_window.is_zero() {
         write_plans(
             management,
@@ -256,17 +264,14 @@ pub async fn apply_shared(
             _ => None,
         })
         .collect();
-    let written =
-        together::put_policies_together(management, vhost, policies, policy_window).await?;
-    for change in ahead
-        .iter()
-        .filter(|c| matches!(c, Change::PutPolicy { .. }))
-    {
-        tracing::info!(vhost = %vhost, change = %change, "topology changed");
-    }
     let makes_objects = others
         .iter()
         .any(|change| matches!(change, Change::CreateExchange(_) | Change::CreateQueue(_)));
+    // The batch logs each policy it writes.
+    let hand_over = defer_rest.filter(|_| makes_objects);
+    let written =
+        together::put_policies_together(management, vhost, policies, policy_window, hand_over)
+            .await?;
     let among_others = defer_rest.is_some_and(|recent| written.among_others(recent));
     if among_others && makes_objects {
         return Ok(SharedApplied {

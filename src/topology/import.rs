@@ -9,6 +9,7 @@
 use serde_json::{Value, json};
 
 use super::desired::{POLICY_PRIORITY, Policy};
+use super::diff::Change;
 use super::error::TopologyError;
 use super::management::Management;
 
@@ -31,7 +32,6 @@ impl Management {
         vhost: &str,
         policies: &[&Policy],
     ) -> Result<bool, TopologyError> {
-        self.wrote_to(vhost);
         for (n, part) in policies.chunks(POLICY_IMPORT_PART).enumerate() {
             let definitions = policy_definitions(part);
             match self
@@ -45,6 +45,8 @@ impl Management {
                     return Ok(false);
                 }
                 Err(e) => {
+                    // Some may have been set all the same.
+                    self.wrote_to(vhost);
                     return Err(self.error(
                         &format!(
                             "import {} policies into vhost {vhost:?} (part {} of {})",
@@ -57,6 +59,14 @@ impl Management {
                 }
             }
         }
+        let made: Vec<Change> = policies
+            .iter()
+            .map(|policy| Change::PutPolicy {
+                policy: (*policy).clone(),
+                previous: None,
+            })
+            .collect();
+        self.made(vhost, &made);
         Ok(true)
     }
 }

@@ -5,7 +5,10 @@
 //! password is still the one the operator keeps is decided by hashing that password with
 //! the stored salt, the way the broker does.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -173,13 +176,26 @@ impl Management {
 
     /// Grants the operator's own user (this client's) full permissions on `vhost` when
     /// the vhost exists and the user has none there: the grant made when the vhost was
-    /// created may have failed, and is re-checked on every pass. Permissions someone
-    /// set on purpose are left as they are. Returns whether it granted them; `false`
-    /// too when the user may not read permissions (it is not an administrator).
-    pub async fn ensure_own_grant(&self, vhost: &str) -> Result<bool, TopologyError> {
+    /// created may have failed, and is re-checked on every pass, or at most every
+    /// `max_age` once found (work running at once shares the finding, as it shares
+    /// definitions). Permissions someone set on purpose are left as they are. Returns
+    /// whether it granted them; `false` too when the user may not read permissions (it
+    /// is not an administrator).
+    pub async fn ensure_own_grant(
+        &self,
+        vhost: &str,
+        max_age: Duration,
+    ) -> Result<bool, TopologyError> {
+        let found_within = |at: &Instant| at.elapsed() < max_age;
+        if self.own_grants().get(vhost).is_some_and(found_within) {
+            return Ok(false);
+        }
         let user = self.endpoint().username.clone();
         match self.read(self.api.get_permissions(vhost, &user)).await {
-            Ok(_) => return Ok(false),
+            Ok(_) => {
+                self.own_grants().insert(vhost.to_string(), Instant::now());
+                return Ok(false);
+            }
             Err(e) if e.is_forbidden() => return Ok(false),
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(self.error(&format!("read the permissions of {user:?}"), e)),
@@ -192,7 +208,15 @@ impl Management {
         self.bounded_write(self.api.grant_full_permissions(&user, vhost))
             .await
             .map_err(|e| self.error(&format!("grant {user:?} permissions on {vhost:?}"), e))?;
+        self.own_grants().insert(vhost.to_string(), Instant::now());
         Ok(true)
+    }
+
+    /// By vhost, when this client's user was last found (or made) granted there.
+    pub(in crate::topology) fn own_grants(&self) -> MutexGuard<'_, HashMap<String, Instant>> {
+        self.own_grants
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Removes `user`'s permissions on `vhost`; `false` when it had none.

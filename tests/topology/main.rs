@@ -824,13 +824,15 @@ async fn policies_written_together_each_learn_their_own_outcome() {
             &management,
             &vhost.name,
             good,
-            window
+            window,
+            None
         ),
         topology::management::together::put_policies_together(
             &management,
             &vhost.name,
             bad,
-            window
+            window,
+            None
         ),
     );
     good_written.expect("the good policy is written");

@@ -95,7 +95,8 @@ pub async fn apply(
         let keep = connection_secret.and_then(|meta| meta.name.as_deref());
         in_use::release_all_but(client, &ctx.owned, valid.pipeline, keep).await?;
     }
-    if management.ensure_own_grant(vhost).await? {
+    let max_age = ctx.settings.definitions_max_age;
+    if management.ensure_own_grant(vhost, max_age).await? {
         user_changes.push(UserChange::SetPermissions {
             user: management.endpoint().username.clone(),
             vhost: vhost.clone(),

@@ -49,7 +49,7 @@ use crate::controller::objects::worker_secret::generate_password;
 use crate::controller::reasons::event;
 use crate::controller::runtime::ahead::AHEAD_AT_MOST;
 use crate::spec::MailerPipeline;
-use crate::topology::{Management, Requests, counted};
+use crate::topology::{Change, Management, Requests, counted};
 use apply::{Applied, Applying};
 use observe::Observed;
 use resolve::Owned;
@@ -172,9 +172,19 @@ async fn steps(
                 });
             }
         };
-    // 6. observe, at most every `queue_depth_interval`; in between the status keeps the last.
+    // 6. observe, at most every `queue_depth_interval`; in between the status keeps the
+    // last. Queues this reconcile made are known empty.
     let management = &valid.broker.management;
+    let made_every_queue = desired.topology.queues.iter().all(|queue| {
+        applied
+            .topology_changes
+            .iter()
+            .any(|change| matches!(change, Change::CreateQueue(made) if made.name == queue.name))
+    });
     let mut observed = match ctx.queue_depths_due(key) {
+        _ if made_every_queue && applied.draining.is_empty() => {
+            observe::just_made(&desired.topology, &valid.spec.topology)
+        }
         true => {
             let spec = &valid.spec.topology;
             let draining = &applied.draining;

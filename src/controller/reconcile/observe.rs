@@ -139,6 +139,17 @@ pub async fn observe(
     }
 }
 
+/// What a reconcile that made every queue of `topology` (of `spec`) knows without a
+/// read: each is empty, as made (the API's statistics of a queue this new would say no
+/// more), and the broker cannot have reported their policies yet.
+pub fn just_made(topology: &Topology, spec: &TopologySpec) -> Observed {
+    Observed {
+        queues: Some(queue_depths(topology, spec, &[], |_| Some(0))),
+        policies: PolicyCheck::NotChecked,
+        provider_key: KeyCheck::NotChecked,
+    }
+}
+
 /// The depths from `depth` of each queue of `topology` (by its index, as it orders them:
 /// send, retry tier 1, dead, the further tiers), then of each of `draining`. The retry
 /// depth is the sum of the tiers' (`None` if one could not be counted); the tiers are

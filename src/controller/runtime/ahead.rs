@@ -5,10 +5,12 @@
 //! so the policies of the hundredth pipeline cost far more once the first ninety-nine
 //! have their queues than in a vhost still empty. With `--concurrency` reconciles at a
 //! time, the policies of later pipelines would always land among the queues of earlier
-//! ones. So a pipeline whose policies went in a batch with others', or less than
-//! [`AMONG_OTHERS_WITHIN`] after others (see [`crate::topology::apply_shared`]), stops
-//! after them and is reconciled again once the vhost has had no claims to decide and no
-//! policy to write for [`SETTLED_AFTER`]: by then the pipelines reconciled after it have
+//! ones. So a pipeline whose policies join a batch with others', or come less than
+//! [`AMONG_OTHERS_WITHIN`] after others (see [`crate::topology::apply_shared`]), hands
+//! them to the batch and stops there; it is reconciled again once the vhost has had no
+//! claims to decide and no policy to write for [`SETTLED_AFTER`] (its policies are
+//! written by then, or found missing and written again): by then the pipelines
+//! reconciled after it have
 //! written theirs, and the exchanges and queues of all of them are made after every
 //! policy. That is two reconciles for such a pipeline, one for a pipeline made alone.
 
@@ -29,7 +31,7 @@ use crate::topology::management::together::policies_settled;
 /// pipelines that wrote their policies ahead make their exchanges and queues: longer
 /// than a reconcile takes from its start to its claims, and from its claims to its
 /// policies, so the reconciles still to run in a first pass keep it busy.
-pub const SETTLED_AFTER: Duration = Duration::from_millis(400);
+pub const SETTLED_AFTER: Duration = Duration::from_millis(250);
 
 /// A pipeline whose policies go in a batch with others', or this soon after the vhost's
 /// batch before, is made among others and goes ahead.

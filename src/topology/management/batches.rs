@@ -83,7 +83,8 @@ impl<S: Send + 'static> VhostBatches<S> {
     /// Adds `submission` to the open batch of `vhost` in `batches(management)`, opening
     /// it if there is none: then, after `window` (or a tenth of it with no new
     /// submission) and once the vhost's batch before is done, the batch is taken and
-    /// given to `work`, on a task of its own.
+    /// given to `work`, on a task of its own. Returns how many submissions the batch
+    /// holds with this one (1: it opened the batch).
     pub(in crate::topology) fn submit<W, F>(
         management: &Arc<Management>,
         batches: fn(&Management) -> &Self,
@@ -91,7 +92,8 @@ impl<S: Send + 'static> VhostBatches<S> {
         submission: S,
         window: Duration,
         work: W,
-    ) where
+    ) -> usize
+    where
         W: FnOnce(Arc<Management>, String, Vec<S>) -> F + Send + 'static,
         F: Future<Output = ()> + Send,
     {
@@ -103,7 +105,7 @@ impl<S: Send + 'static> VhostBatches<S> {
             if let Some(batch) = open.get_mut(vhost) {
                 batch.submissions.push(submission);
                 batch.last = opened;
-                return;
+                return batch.submissions.len();
             }
             let batch = Open {
                 submissions: vec![submission],
@@ -131,5 +133,6 @@ impl<S: Send + 'static> VhostBatches<S> {
             work(management.clone(), vhost.clone(), submissions).await;
             this.busy_now(&vhost);
         });
+        1
     }
 }

@@ -117,10 +117,13 @@ pub struct Management {
     /// The broker's capabilities and when they were read, for
     /// [`capabilities_within`](Self::capabilities_within).
     pub(super) capabilities: Mutex<Option<(Instant, BrokerCapabilities)>>,
-    /// Definitions shared by work running at once ([`shared_snapshot`](Self::shared_snapshot)).
+    /// Definitions shared by work running at once ([`shared_observe`](Self::shared_observe)).
     pub(super) snapshots: Mutex<SharedSnapshots>,
-    /// Held while definitions are read for [`shared_snapshot`](Self::shared_snapshot).
+    /// Held while definitions are read for [`shared_observe`](Self::shared_observe).
     pub(super) snapshot_read: tokio::sync::Mutex<()>,
+    /// By vhost, when this client's user was last found granted there
+    /// ([`ensure_own_grant`](Self::ensure_own_grant)).
+    pub(in crate::topology) own_grants: Mutex<HashMap<String, Instant>>,
     /// Owner markers shared by work running at once ([`shared_markers`](Self::shared_markers)).
     pub(super) markers: Mutex<SharedMarkers>,
     /// Held while the markers are read for [`shared_markers`](Self::shared_markers).
@@ -162,6 +165,7 @@ impl Management {
             capabilities: Mutex::new(None),
             snapshots: Mutex::default(),
             snapshot_read: tokio::sync::Mutex::new(()),
+            own_grants: Mutex::default(),
             markers: Mutex::default(),
             markers_read: tokio::sync::Mutex::new(()),
             policy_batches: VhostBatches::default(),
@@ -404,10 +408,17 @@ impl Management {
 
     /// Makes one change in `vhost`.
     pub async fn write(&self, vhost: &str, change: &Change) -> Result<(), TopologyError> {
-        self.wrote_to(vhost);
-        self.request(vhost, change)
-            .await
-            .map_err(|e| self.error(&change.to_string(), e))
+        match self.request(vhost, change).await {
+            Ok(()) => {
+                self.made(vhost, [change]);
+                Ok(())
+            }
+            Err(e) => {
+                // It may have been made all the same.
+                self.wrote_to(vhost);
+                Err(self.error(&change.to_string(), e))
+            }
+        }
     }
 
     /// The requests of one change, each counted and bounded.
@@ -479,7 +490,9 @@ impl Management {
             self.api
                 .grant_full_permissions(&self.endpoint.username, name),
         )
-        .await
+        .await?;
+        self.own_grants().insert(name.to_string(), Instant::now());
+        Ok(())
     }
 
     pub async fn delete_binding(&self, vhost: &str, b: &Binding) -> Result<(), TopologyError> {

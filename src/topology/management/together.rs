@@ -8,7 +8,12 @@
 //! while the batch is written at once, in one import (in parts). Each reconcile learns
 //! the outcome of its own policies: when the import fails as a whole (or this user may
 //! not import), each submission's policies are PUT one by one, so one bad policy does
-//! not fail the others.
+//! not fail the others. A pipeline made among others, which stops after its policies
+//! anyway ([`crate::topology::apply_shared`]), hands them over rather than waiting: its
+//! next reconcile finds them written (the client's kept definitions show what a batch
+//! wrote) or writes them again and fails with the broker's reason. So the reconciles of
+//! a first pass hold their slots only for their claims, and the vhost's policies go in
+//! fewer, larger imports.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,7 +54,8 @@ pub async fn policies_settled(management: &Management, vhost: &str, quiet: Durat
 /// How a submission's policies were written among others'.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Written {
-    /// How many submissions the batch held (0 for no policies).
+    /// How many submissions the batch held (0 for no policies); for policies handed
+    /// over (see [`put_policies_together`]), how many it held when these joined.
     pub batch: usize,
     /// How long the vhost had had no batch open or being written before these came;
     /// `None` when one was.
@@ -68,11 +74,19 @@ impl Written {
 /// submits for the same vhost within `window` of the first (or until the vhost's batch
 /// before is written, if later); returns once they are written, with the outcome of
 /// these alone and what they were written among.
+///
+/// With `hand_over: Some(recent)`, policies that join a batch among others' (it holds
+/// others already, or the vhost had one within `recent` before) are left to it: this
+/// returns at once, and the caller learns their outcome from the broker when it next
+/// reads the vhost (this client's kept definitions show them once written; a batch that
+/// fails to write them stops those serving). Work of many pipelines made at once then
+/// holds no slot of its own while their policies are written.
 pub async fn put_policies_together(
     management: &Arc<Management>,
     vhost: &str,
     policies: Vec<Policy>,
     window: Duration,
+    hand_over: Option<Duration>,
 ) -> Result<Written, TopologyError> {
     if policies.is_empty() {
         return Ok(Written {
@@ -84,7 +98,7 @@ pub async fn put_policies_together(
     let count = policies.len();
     let (done, outcome) = oneshot::channel();
     let submission = Submission { policies, done };
-    VhostBatches::submit(
+    let joined = VhostBatches::submit(
         management,
         |management| &management.policy_batches,
         vhost,
@@ -94,6 +108,15 @@ pub async fn put_policies_together(
             write_batch(&management, &vhost, batch).await;
         },
     );
+    let joining = Written {
+        batch: joined,
+        idle_before,
+    };
+    if hand_over.is_some_and(|recent| joining.among_others(recent)) {
+        // Asked for by this work, written by the batch's task.
+        management.tally_writes(count);
+        return Ok(joining);
+    }
     let written = outcome.await.unwrap_or_else(|_| {
         Err(TopologyError::Refused {
             action: format!("write {count} policies into vhost {vhost:?}"),
@@ -119,6 +142,9 @@ async fn write_batch(management: &Management, vhost: &str, batch: Vec<Submission
         }
     };
     if imported {
+        for policy in &all {
+            tracing::info!(vhost = %vhost, policy = %policy.name, "topology changed: put policy");
+        }
         for submission in batch {
             let _ = submission.done.send(Ok(submissions));
         }
@@ -133,11 +159,16 @@ async fn write_batch(management: &Management, vhost: &str, batch: Vec<Submission
                     previous: None,
                 };
                 management.write(vhost, &change).await?;
+                tracing::info!(vhost = %vhost, change = %change, "topology changed");
             }
             Ok(submissions)
         }
         .await;
-        let _ = submission.done.send(written);
+        if let Err(Err(e)) = submission.done.send(written) {
+            // Handed over: the work that submitted them writes them again when it next
+            // finds them missing, and says why they fail then.
+            tracing::warn!(vhost = %vhost, error = %e, "could not write policies handed over to their batch");
+        }
     }))
     .await;
 }
