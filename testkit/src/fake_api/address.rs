@@ -59,7 +59,7 @@ impl Address {
         key
     }
 
-    fn collection_key(&self) -> String {
+    pub fn collection_key(&self) -> String {
         match &self.namespace {
             Some(namespace) => format!("{}/namespaces/{namespace}/{}", self.prefix, self.resource),
             None => format!("{}/{}", self.prefix, self.resource),

@@ -195,13 +195,27 @@ impl Store {
         after: Option<&str>,
         limit: Option<usize>,
     ) -> (Vec<Value>, Option<String>) {
-        let start = match after {
-            Some(key) => Bound::Excluded(key.to_string()),
-            None => Bound::Unbounded,
+        // A namespace's objects of a resource (and a cluster-scoped resource's) sit
+        // together under their collection's path, as in kube-apiserver's storage: only
+        // those are walked. A list across every namespace walks everything.
+        let under = collection
+            .namespace
+            .is_some()
+            .then(|| format!("{}/", collection.collection_key()));
+        let start = match (after, &under) {
+            (Some(key), _) => Bound::Excluded(key.to_string()),
+            (None, Some(under)) => Bound::Included(under.clone()),
+            (None, None) => Bound::Unbounded,
         };
         let mut items = Vec::new();
         let mut last = None;
         for (key, object) in self.objects.range((start, Bound::Unbounded)) {
+            if under
+                .as_ref()
+                .is_some_and(|under| !key.starts_with(under.as_str()))
+            {
+                break;
+            }
             let selected = Address::parse(key).is_some_and(|a| collection.contains(&a))
                 && selector.matches(object);
             if !selected {
@@ -586,5 +600,48 @@ fn set_or_strip(object: &mut Value, field: &str, value: Option<Value>) {
     match value {
         Some(value) if !value.is_null() => object[field] = value,
         _ => strip(object, field),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn secret(namespace: &str, name: &str) -> (Address, Value) {
+        let path = format!("/api/v1/namespaces/{namespace}/secrets/{name}");
+        let address = Address::parse(&path).expect("an object's path");
+        let object = json!({"metadata": {"namespace": namespace, "name": name}});
+        (address, object)
+    }
+
+    fn names(items: &[Value]) -> Vec<String> {
+        items
+            .iter()
+            .map(|o| {
+                format!("{}/{}", o["metadata"]["namespace"], o["metadata"]["name"]).replace('"', "")
+            })
+            .collect()
+    }
+
+    /// A namespace's list walks only what is stored under its collection, and pages on
+    /// through it; a list across namespaces still sees every one.
+    #[test]
+    fn a_namespaces_list_holds_its_own_objects_page_by_page() {
+        let mut store = Store::default();
+        for (namespace, name) in [("a", "x"), ("b", "y"), ("b", "z"), ("bb", "w"), ("c", "v")] {
+            let (address, object) = secret(namespace, name);
+            store.put(&address, object);
+        }
+        let everything = Selector::default();
+        let in_b = Address::parse("/api/v1/namespaces/b/secrets").expect("a collection");
+        let (first, next) = store.list(&in_b, &everything, None, Some(1));
+        assert_eq!(names(&first), ["b/y"]);
+        let (rest, next) = store.list(&in_b, &everything, next.as_deref(), Some(1));
+        assert_eq!((names(&rest), next), (vec!["b/z".to_string()], None));
+        let all = Address::parse("/api/v1/secrets").expect("a collection");
+        let (every, _) = store.list(&all, &everything, None, None);
+        assert_eq!(names(&every), ["a/x", "b/y", "b/z", "bb/w", "c/v"]);
     }
 }
