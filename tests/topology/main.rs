@@ -846,3 +846,56 @@ async fn policies_written_together_each_learn_their_own_outcome() {
         .collect();
     assert_eq!(names, ["mailer.good"]);
 }
+
+/// Policies that join a batch holding others' are handed over: their submission returns
+/// before the batch is even closed, and the batch writes them with the rest.
+#[tokio::test]
+async fn policies_joining_others_are_handed_to_their_batch() {
+    let vhost = mailer_testkit::broker::TestVhost::created("handed").await;
+    let management = std::sync::Arc::new(management());
+    let policy = |name: &str| {
+        vec![mailer::topology::desired::Policy {
+            name: name.into(),
+            pattern: format!("^{name}$"),
+            definition: serde_json::from_value(json!({"message-ttl": 1000})).expect("a definition"),
+        }]
+    };
+    // The batch closes 300 ms after its last submission.
+    let window = Duration::from_secs(3);
+    let recent = Some(Duration::from_secs(1));
+    let together = |name: &str| {
+        topology::management::together::put_policies_together(
+            &management,
+            &vhost.name,
+            policy(name),
+            window,
+            recent,
+        )
+    };
+    let listed = || async {
+        let mut names: Vec<String> = raw_api()
+            .list_policies_in(&vhost.name)
+            .await
+            .expect("policies")
+            .into_iter()
+            .map(|p| p.name)
+            .collect();
+        names.sort();
+        names
+    };
+    // The first opens the batch in a quiet vhost, so it waits for the import.
+    let first = together("mailer.first");
+    tokio::pin!(first);
+    assert!(futures::poll!(&mut first).is_pending());
+    // The second joins it and is handed over.
+    let second = together("mailer.second").await.expect("handed over");
+    assert_eq!(second.batch, 2, "{second:?}");
+    assert_eq!(
+        listed().await,
+        Vec::<String>::new(),
+        "written before the batch closed"
+    );
+    let first = first.await.expect("written");
+    assert_eq!(first.batch, 2, "{first:?}");
+    assert_eq!(listed().await, ["mailer.first", "mailer.second"]);
+}
