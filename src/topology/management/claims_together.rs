@@ -78,6 +78,7 @@ async fn decide_batch(
     lock_wait: Duration,
 ) {
     let claims: Vec<&Claim> = batch.iter().flat_map(|s| &s.ask.claims).collect();
+    let started = std::time::Instant::now();
     // Every locker of these names takes the same locks, in the same order.
     let holder = batch.first().map(|s| s.ask.owner.uid.clone());
     let locks = management
@@ -116,6 +117,7 @@ async fn decide_batch(
         Err(e) => batch.iter().map(|_| Err(e.clone().into())).collect(),
     };
     locks.release().await;
+    tracing::debug!(vhost, pipelines = batch.len(), claims = claims.len(), took = ?started.elapsed(), "claims decided together");
     for (submission, outcome) in batch.into_iter().zip(outcomes) {
         let _ = submission.done.send(outcome);
     }

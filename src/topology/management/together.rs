@@ -134,6 +134,7 @@ pub async fn put_policies_together(
 async fn write_batch(management: &Management, vhost: &str, batch: Vec<Submission>) {
     let submissions = batch.len();
     let all: Vec<&Policy> = batch.iter().flat_map(|s| s.policies.iter()).collect();
+    let started = std::time::Instant::now();
     let imported = match management.import_policies(vhost, &all).await {
         Ok(imported) => imported,
         Err(e) => {
@@ -141,6 +142,7 @@ async fn write_batch(management: &Management, vhost: &str, batch: Vec<Submission
             false
         }
     };
+    tracing::debug!(vhost, submissions, policies = all.len(), imported, took = ?started.elapsed(), "policies written together");
     if imported {
         for policy in &all {
             tracing::info!(vhost = %vhost, policy = %policy.name, "topology changed: put policy");
