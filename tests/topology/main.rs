@@ -837,14 +837,20 @@ async fn policies_written_together_each_learn_their_own_outcome() {
     );
     good_written.expect("the good policy is written");
     assert!(bad_written.is_err(), "{bad_written:?}");
-    let names: Vec<String> = raw_api()
-        .list_policies_in(&vhost.name)
+    assert_eq!(policy_names(&vhost.name).await, ["mailer.good"]);
+}
+
+/// The names of `vhost`'s policies, in order.
+async fn policy_names(vhost: &str) -> Vec<String> {
+    let mut names: Vec<String> = raw_api()
+        .list_policies_in(vhost)
         .await
         .expect("policies")
         .into_iter()
         .map(|p| p.name)
         .collect();
-    assert_eq!(names, ["mailer.good"]);
+    names.sort();
+    names
 }
 
 /// Policies that join a batch holding others' are handed over: their submission returns
@@ -872,17 +878,6 @@ async fn policies_joining_others_are_handed_to_their_batch() {
             recent,
         )
     };
-    let listed = || async {
-        let mut names: Vec<String> = raw_api()
-            .list_policies_in(&vhost.name)
-            .await
-            .expect("policies")
-            .into_iter()
-            .map(|p| p.name)
-            .collect();
-        names.sort();
-        names
-    };
     // The first opens the batch in a quiet vhost, so it waits for the import.
     let first = together("mailer.first");
     tokio::pin!(first);
@@ -891,11 +886,14 @@ async fn policies_joining_others_are_handed_to_their_batch() {
     let second = together("mailer.second").await.expect("handed over");
     assert_eq!(second.batch, 2, "{second:?}");
     assert_eq!(
-        listed().await,
+        policy_names(&vhost.name).await,
         Vec::<String>::new(),
         "written before the batch closed"
     );
     let first = first.await.expect("written");
     assert_eq!(first.batch, 2, "{first:?}");
-    assert_eq!(listed().await, ["mailer.first", "mailer.second"]);
+    assert_eq!(
+        policy_names(&vhost.name).await,
+        ["mailer.first", "mailer.second"]
+    );
 }
