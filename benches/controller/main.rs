@@ -431,7 +431,8 @@ async fn measure(sizes: &Sizes, broker: Option<&(Proxy, &str)>) -> Result<()> {
             took.as_secs_f64(),
             command.as_secs_f64(),
             took.as_secs_f64() / command.as_secs_f64(),
-            verdict(share >= COMMAND_SHARE_TARGET)
+            // A pass that failed pipelines made nothing for them: no speed to compare.
+            verdict(unready.is_empty() && share >= COMMAND_SHARE_TARGET)
         );
     }
     if let (Some(command), Some(ahead)) = (command, ahead) {

@@ -212,6 +212,8 @@ pub async fn reconcile_guarded(
     guard: Arc<DeserializeGuard<MailerPipeline>>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
+    let ahead = ctx.ahead.clone();
+    let _running = ahead.reconciling();
     match &guard.0 {
         Ok(pipeline) => reconcile(Arc::new(pipeline.clone()), ctx).await,
         Err(invalid) => {

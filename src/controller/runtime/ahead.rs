@@ -8,13 +8,14 @@
 //! ones. So a pipeline whose policies join a batch with others', or come less than
 //! [`AMONG_OTHERS_WITHIN`] after others (see [`crate::topology::apply_shared`]), hands
 //! them to the batch and stops there; it is reconciled again once the vhost has had no
-//! claims to decide and no policy to write for [`SETTLED_AFTER`] (its policies are
+//! claims to decide and no policy to write for [`SETTLED_AFTER`], or for
+//! [`SETTLED_WHEN_NONE_RUNS`] once no reconcile runs in the controller (its policies are
 //! written by then, or found missing and written again): by then the pipelines
-//! reconciled after it have
-//! written theirs, and the exchanges and queues of all of them are made after every
-//! policy. That is two reconciles for such a pipeline, one for a pipeline made alone.
+//! reconciled after it have written theirs, and the exchanges and queues of all of them
+//! are made after every policy. That is two reconciles for such a pipeline, one for a pipeline made alone.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -33,6 +34,11 @@ use crate::topology::management::together::policies_settled;
 /// policies, so the reconciles still to run in a first pass keep it busy.
 pub const SETTLED_AFTER: Duration = Duration::from_millis(250);
 
+/// How long a vhost has no claims to decide and no policies to write before it has
+/// settled while no reconcile runs in the controller: none is about to claim or write
+/// there, so nothing more comes unless something changes (the end of a first pass).
+pub const SETTLED_WHEN_NONE_RUNS: Duration = Duration::from_millis(50);
+
 /// A pipeline whose policies go in a batch with others', or this soon after the vhost's
 /// batch before, is made among others and goes ahead.
 pub const AMONG_OTHERS_WITHIN: Duration = Duration::from_secs(1);
@@ -49,6 +55,17 @@ pub const AHEAD_AT_MOST: Duration = Duration::from_secs(300);
 pub struct PoliciesAhead {
     waiting: Mutex<HashSet<PipelineKey>>,
     controllers: Mutex<Vec<Inbox>>,
+    /// How many reconciles run now, in every controller of the process.
+    running: AtomicUsize,
+}
+
+/// A reconcile running, counted until dropped (see [`PoliciesAhead::reconciling`]).
+pub struct Running<'a>(&'a AtomicUsize);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Where a controller takes pipelines to reconcile, and its scope (a namespace, or all).
@@ -86,7 +103,11 @@ impl PoliciesAhead {
         let (management, vhost) = (management.clone(), vhost.to_string());
         let (ahead, key) = (self.clone(), key.clone());
         tokio::spawn(async move {
-            policies_settled(&management, &vhost, SETTLED_AFTER).await;
+            let quiet = || match ahead.running.load(Ordering::Relaxed) {
+                0 => SETTLED_WHEN_NONE_RUNS,
+                _ => SETTLED_AFTER,
+            };
+            policies_settled(&management, &vhost, quiet).await;
             // Unless reconciled through meanwhile (its fallback requeue, a change of it).
             if ahead.waiting().contains(&key) {
                 let object = ObjectRef::new(&key.name).within(&key.namespace);
@@ -94,6 +115,13 @@ impl PoliciesAhead {
                 let _ = controller.send(object);
             }
         });
+    }
+
+    /// Counts a reconcile as running until the value returned is dropped: a vhost
+    /// settles sooner while none runs.
+    pub fn reconciling(&self) -> Running<'_> {
+        self.running.fetch_add(1, Ordering::Relaxed);
+        Running(&self.running)
     }
 
     /// `key` was reconciled through (or failed): it may go ahead again later.

@@ -142,44 +142,49 @@ async fn write_take(
     Ok(())
 }
 
-/// Every marker, and which of `claims` with none exist: read now, under the locks.
+/// Every marker, and which of `claims` with none exist: read now, under the locks. The
+/// markers and the names of the vhost's exchanges and queues are read at once (a vhost
+/// not made yet lists none), whether or not a marker names each claim: waiting for the
+/// markers first would put a read's time into every batch, and the claims of a batch
+/// are nearly always of names no marker names yet.
 async fn read_found(
     management: &Management,
     vhost: &str,
     claims: &[&Claim],
 ) -> Result<Found, TopologyError> {
-    let markers = management.markers().await?;
-    let unmarked: Vec<&Claim> = claims
-        .iter()
-        .copied()
-        .filter(|claim| markers.owner(claim).is_none())
-        .collect();
+    let of_kind = |kind: fn(&Claim) -> bool| {
+        claims
+            .iter()
+            .any(|claim| kind(claim) && claim.vhost() == Some(vhost))
+    };
+    let names_if = |wanted: bool, kind: &'static str| async move {
+        match wanted {
+            true => management.names_in(vhost, kind).await,
+            false => Ok(Vec::new()),
+        }
+    };
+    let (markers, exchanges, queues) = tokio::try_join!(
+        management.markers(),
+        names_if(
+            of_kind(|c| matches!(c, Claim::Exchange { .. })),
+            "exchanges"
+        ),
+        names_if(of_kind(|c| matches!(c, Claim::Queue { .. })), "queues"),
+    )?;
     let mut existing = BTreeSet::new();
-    let in_vhost = |kind: fn(&Claim) -> bool| unmarked.iter().any(|claim| kind(claim));
-    let wants_exchanges = in_vhost(|c| matches!(c, Claim::Exchange { .. }));
-    let wants_queues = in_vhost(|c| matches!(c, Claim::Queue { .. }));
-    if (wants_exchanges || wants_queues) && management.vhost_exists(vhost).await? {
-        if wants_exchanges {
-            for name in management.names_in(vhost, "exchanges").await? {
-                existing.insert(Claim::Exchange {
-                    vhost: vhost.to_string(),
-                    name,
-                });
-            }
-        }
-        if wants_queues {
-            for name in management.names_in(vhost, "queues").await? {
-                existing.insert(Claim::Queue {
-                    vhost: vhost.to_string(),
-                    name,
-                });
-            }
-        }
-    }
-    for claim in &unmarked {
+    let exchanges = exchanges.into_iter().map(|name| Claim::Exchange {
+        vhost: vhost.to_string(),
+        name,
+    });
+    let queues = queues.into_iter().map(|name| Claim::Queue {
+        vhost: vhost.to_string(),
+        name,
+    });
+    existing.extend(exchanges.chain(queues));
+    for claim in claims {
         // A user is in no vhost; an exchange or queue of another vhost is no batch's.
         let elsewhere = claim.vhost().is_none_or(|of| of != vhost);
-        if elsewhere && management.claimed_exists(claim).await? {
+        if elsewhere && markers.owner(claim).is_none() && management.claimed_exists(claim).await? {
             existing.insert((*claim).clone());
         }
     }

@@ -1,7 +1,7 @@
 //! The owner markers in the broker (global parameters, see [`crate::topology::ownership`]):
 //! read, shared for a while by the work of a client, written and removed.
 
-use std::sync::PoisonError;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use rabbitmq_http_client::requests::GlobalRuntimeParameterDefinition;
@@ -14,7 +14,11 @@ use crate::topology::ownership::{Claim, GlobalParameter, Markers, Owner};
 /// [`Management::shared_markers`]).
 #[derive(Default)]
 pub(in crate::topology) struct SharedMarkers {
-    read: Option<(Instant, Markers)>,
+    /// Shared, not copied, with each reconcile that asks: with a thousand pipelines a
+    /// broker holds thousands of markers, and the reconciles running at once each held
+    /// a copy while they waited for their claims. A write through this client copies
+    /// them only while a reconcile still holds the version before.
+    read: Option<(Instant, Arc<Markers>)>,
 }
 
 impl Management {
@@ -40,7 +44,7 @@ impl Management {
     /// or removed from what was read, as a new read would find it: reading again after
     /// each would make the reconciles of a first pass, whose claims write markers all
     /// the time, each wait for a read of its own, one after another.
-    pub async fn shared_markers(&self, max_age: Duration) -> Result<Markers, TopologyError> {
+    pub async fn shared_markers(&self, max_age: Duration) -> Result<Arc<Markers>, TopologyError> {
         let fresh = || {
             self.markers
                 .lock()
@@ -48,7 +52,7 @@ impl Management {
                 .read
                 .as_ref()
                 .filter(|(at, _)| at.elapsed() < max_age)
-                .map(|(_, markers)| markers.clone())
+                .map(|(_, markers)| Arc::clone(markers))
         };
         if let Some(markers) = fresh() {
             return Ok(markers);
@@ -58,11 +62,11 @@ impl Management {
         if let Some(markers) = fresh() {
             return Ok(markers);
         }
-        let markers = self.markers().await?;
+        let markers = Arc::new(self.markers().await?);
         self.markers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .read = Some((Instant::now(), markers.clone()));
+            .read = Some((Instant::now(), Arc::clone(&markers)));
         Ok(markers)
     }
 
@@ -70,7 +74,7 @@ impl Management {
     fn markers_changed(&self, change: impl FnOnce(&mut Markers)) {
         let mut shared = self.markers.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((_, markers)) = shared.read.as_mut() {
-            change(markers);
+            change(Arc::make_mut(markers));
         }
     }
 

@@ -38,18 +38,24 @@ pub(in crate::topology) struct Submission {
 /// `management` for `quiet`: the work that writes a vhost's policies ahead of its queues
 /// (`defer_rest` of [`crate::topology::apply_shared`]) makes the queues after this. Work
 /// still claiming names in the vhost will write policies next, so the vhost has not
-/// settled while claims are decided there.
-pub async fn policies_settled(management: &Management, vhost: &str, quiet: Duration) {
+/// settled while claims are decided there. `quiet` is asked again each time the vhost
+/// is looked at: the caller may know that no more work is coming.
+pub async fn policies_settled(management: &Management, vhost: &str, quiet: impl Fn() -> Duration) {
     loop {
         let policies = management.policy_batches.idle_for(vhost);
         let claims = management.claim_batches.idle_for(vhost);
+        let quiet = quiet();
         match policies.zip(claims).map(|(p, c)| p.min(c)) {
             Some(idle) if idle >= quiet => return,
-            Some(idle) => tokio::time::sleep(quiet - idle).await,
-            None => tokio::time::sleep(quiet / 4).await,
+            Some(idle) => tokio::time::sleep((quiet - idle).min(SETTLE_LOOK_EVERY)).await,
+            None => tokio::time::sleep(SETTLE_LOOK_EVERY).await,
         }
     }
 }
+
+/// How often [`policies_settled`] looks at a vhost still busy, or not quiet for long
+/// enough yet.
+const SETTLE_LOOK_EVERY: Duration = Duration::from_millis(25);
 
 /// How a submission's policies were written among others'.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
