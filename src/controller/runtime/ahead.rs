@@ -149,3 +149,24 @@ impl PoliciesAhead {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reconcile_counts_as_running_until_it_ends() {
+        let ahead = PoliciesAhead::default();
+        let first = ahead.reconciling();
+        let second = ahead.reconciling();
+        assert_eq!(ahead.running.load(Ordering::Relaxed), 2);
+        drop(first);
+        assert_eq!(ahead.running.load(Ordering::Relaxed), 1);
+        drop(second);
+        assert_eq!(
+            ahead.running.load(Ordering::Relaxed),
+            0,
+            "none runs: settles sooner"
+        );
+    }
+}
