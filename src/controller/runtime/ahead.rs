@@ -12,9 +12,10 @@
 //! [`SETTLED_WHEN_NONE_RUNS`] once no reconcile runs in the controller (its policies are
 //! written by then, or found missing and written again): by then the pipelines
 //! reconciled after it have written theirs, and the exchanges and queues of all of them
-//! are made after every policy. That is two reconciles for such a pipeline, one for a pipeline made alone.
+//! are made after every policy. That is two reconciles for such a pipeline, one for a
+//! pipeline made alone.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -57,7 +58,14 @@ pub struct PoliciesAhead {
     controllers: Mutex<Vec<Inbox>>,
     /// How many reconciles run now, in every controller of the process.
     running: AtomicUsize,
+    /// The pipelines waiting for a vhost to settle, by broker client (its address) and
+    /// vhost, with the controller each goes back to: one task looks at each vhost,
+    /// however many pipelines wait for it (a thousand at the end of a first pass).
+    settling: Mutex<HashMap<(usize, String), Vec<Waiting>>>,
 }
+
+/// A pipeline waiting for its vhost to settle, and where it is sent then.
+type Waiting = (PipelineKey, mpsc::UnboundedSender<ObjectRef<Guarded>>);
 
 /// A reconcile running, counted until dropped (see [`PoliciesAhead::reconciling`]).
 pub struct Running<'a>(&'a AtomicUsize);
@@ -100,19 +108,31 @@ impl PoliciesAhead {
         let Some(controller) = controller else {
             return;
         };
-        let (management, vhost) = (management.clone(), vhost.to_string());
-        let (ahead, key) = (self.clone(), key.clone());
+        // The task holds the client, so its address names no other while it waits.
+        let spot = (Arc::as_ptr(management) as usize, vhost.to_string());
+        {
+            let mut settling = self.settling();
+            if let Some(waiting) = settling.get_mut(&spot) {
+                waiting.push((key.clone(), controller));
+                return;
+            }
+            settling.insert(spot.clone(), vec![(key.clone(), controller)]);
+        }
+        let (management, ahead) = (management.clone(), self.clone());
         tokio::spawn(async move {
             let quiet = || match ahead.running.load(Ordering::Relaxed) {
                 0 => SETTLED_WHEN_NONE_RUNS,
                 _ => SETTLED_AFTER,
             };
-            policies_settled(&management, &vhost, quiet).await;
-            // Unless reconciled through meanwhile (its fallback requeue, a change of it).
-            if ahead.waiting().contains(&key) {
-                let object = ObjectRef::new(&key.name).within(&key.namespace);
-                // A controller that stopped takes no more: nothing to tell.
-                let _ = controller.send(object);
+            policies_settled(&management, &spot.1, quiet).await;
+            let settled = ahead.settling().remove(&spot).unwrap_or_default();
+            for (key, controller) in settled {
+                // Unless reconciled through meanwhile (its fallback requeue, a change of it).
+                if ahead.waiting().contains(&key) {
+                    let object = ObjectRef::new(&key.name).within(&key.namespace);
+                    // A controller that stopped takes no more: nothing to tell.
+                    let _ = controller.send(object);
+                }
             }
         });
     }
@@ -147,6 +167,10 @@ impl PoliciesAhead {
 
     fn waiting(&self) -> std::sync::MutexGuard<'_, HashSet<PipelineKey>> {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn settling(&self) -> std::sync::MutexGuard<'_, HashMap<(usize, String), Vec<Waiting>>> {
+        self.settling.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
