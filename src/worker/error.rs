@@ -52,9 +52,24 @@ impl WorkerError {
             | Self::Channel(_)
             | Self::Timeout(_) => true,
             Self::Settle(SettleError::Publish(publish)) => publish.leaves_the_connection_unusable(),
+            // The connection went while the consumer was being set up (a node pausing as
+            // it is cut off from the others closes its connections): not the queue's or
+            // the user's fault, which the broker would say on the channel.
+            Self::Consume { source, .. } => lost_connection(source),
             _ => false,
         }
     }
+}
+
+/// Whether `error` is the connection's, not a channel's refusal (a missing queue, a
+/// permission).
+fn lost_connection(error: &lapin::Error) -> bool {
+    error.is_io_error()
+        || error.is_amqp_hard_error()
+        || matches!(
+            error.kind(),
+            lapin::ErrorKind::MissingHeartbeatError | lapin::ErrorKind::InvalidConnectionState(_)
+        )
 }
 
 #[cfg(test)]
@@ -95,5 +110,23 @@ mod tests {
         for error in &stops {
             assert!(!error.is_connection_loss(), "{error}");
         }
+    }
+
+    #[test]
+    fn a_connection_lost_while_the_consumer_is_set_up_reconnects() {
+        let aborted = std::io::Error::from(std::io::ErrorKind::ConnectionAborted);
+        let lost = WorkerError::Consume {
+            queue: "mail.send".into(),
+            source: lapin::Error::from(aborted),
+        };
+        assert!(lost.is_connection_loss(), "{lost}");
+        let refused = WorkerError::Consume {
+            queue: "mail.send".into(),
+            source: lapin::Error::from(lapin::ErrorKind::InvalidChannelState(
+                lapin::ChannelState::Closed,
+                "basic.consume",
+            )),
+        };
+        assert!(!refused.is_connection_loss(), "{refused}");
     }
 }
