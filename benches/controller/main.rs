@@ -636,7 +636,11 @@ async fn rounds_against_command(
         every_round_done &= outcome.finished && outcome.all_ready;
     }
     shares.sort_by(f64::total_cmp);
-    let median = shares[shares.len() / 2];
+    let middle = shares.len() / 2;
+    let median = match shares.len() % 2 {
+        1 => shares[middle],
+        _ => (shares[middle - 1] + shares[middle]) / 2.0,
+    };
     let each: Vec<String> = shares.iter().map(|s| format!("{s:.2}")).collect();
     println!(
         "first pass against the command over {} rounds: {} of its speed (median {median:.2}; target ≥ {COMMAND_SHARE_TARGET}: {})",

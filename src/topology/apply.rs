@@ -384,18 +384,8 @@ async fn write_step(
 ) -> Result<(), TopologyError> {
     try_join_all(
         step.into_iter()
-            .map(|(vhost, change)| write_one(management, vhost, change)),
+            .map(|(vhost, change)| management.write(vhost, change)),
     )
     .await?;
-    Ok(())
-}
-
-async fn write_one(
-    management: &Management,
-    vhost: &str,
-    change: &Change,
-) -> Result<(), TopologyError> {
-    management.write(vhost, change).await?;
-    tracing::info!(vhost = %vhost, change = %change, "topology changed");
     Ok(())
 }

@@ -406,11 +406,12 @@ impl Management {
         TopologyError::from_http(&self.endpoint, action, e)
     }
 
-    /// Makes one change in `vhost`.
+    /// Makes one change in `vhost`, and logs it once the broker took it.
     pub async fn write(&self, vhost: &str, change: &Change) -> Result<(), TopologyError> {
         match self.request(vhost, change).await {
             Ok(()) => {
                 self.made(vhost, [change]);
+                tracing::info!(vhost = %vhost, change = %change, "topology changed");
                 Ok(())
             }
             Err(e) => {
@@ -552,11 +553,15 @@ impl Management {
     }
 }
 
-/// A management API answer decoded as `T`, going through a JSON value so that a key given
-/// twice keeps its last value instead of failing the read (serde's derived decoding
-/// rejects duplicate fields, which RabbitMQ 4.0.5 sends for a quorum queue's `online`).
+/// A management API answer decoded as `T`: straight from the text, so that only `T` is
+/// held (a vhost's definitions with a thousand pipelines are megabytes of text, and
+/// several times that as a JSON value); when that fails, through a JSON value, where a key
+/// given twice keeps its last value instead of failing the read (serde's derived
+/// decoding rejects duplicate fields, which RabbitMQ 4.0.5 sends for a quorum queue's
+/// `online`).
 fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> serde_json::Result<T> {
-    serde_json::from_slice::<serde_json::Value>(body).and_then(T::deserialize)
+    serde_json::from_slice::<T>(body)
+        .or_else(|_| serde_json::from_slice::<serde_json::Value>(body).and_then(T::deserialize))
 }
 
 /// A queue's load as the management API last counted it.

@@ -167,7 +167,6 @@ async fn write_batch(management: &Management, vhost: &str, batch: Vec<Submission
                     previous: None,
                 };
                 management.write(vhost, &change).await?;
-                tracing::info!(vhost = %vhost, change = %change, "topology changed");
             }
             Ok(submissions)
         }
