@@ -378,14 +378,13 @@ async fn measure(sizes: &Sizes, broker: Option<&(Proxy, &str)>) -> Result<()> {
     }
     let finished = first.outcome.finished;
     drop(first);
-    let taken = |fake: &FakeApi| taken(fake, broker);
     if sizes.first_pass_only || !finished {
         let _ = std::fs::remove_file(kubeconfig);
         return Ok(());
     }
 
     // 2. A restart: every pipeline reconciled once, with nothing to change.
-    taken(&fake);
+    taken(&fake, broker);
     let restarted = Controller::start(&kubeconfig, "60s")?;
     let (took, peak) = restarted
         .until_reconciled(0, pipelines as u64, Duration::from_secs(900))
@@ -397,7 +396,12 @@ async fn measure(sizes: &Sizes, broker: Option<&(Proxy, &str)>) -> Result<()> {
         RESTART_TARGET.as_secs(),
         verdict(took <= RESTART_TARGET && (failed == 0 || broker.is_none()))
     );
-    report("  after a restart", taken(&fake), ok + failed, pipelines);
+    report(
+        "  after a restart",
+        taken(&fake, broker),
+        ok + failed,
+        pipelines,
+    );
     let rss_restart = peak.max(restarted.kib("VmRSS")?);
 
     // 3. A resync: every pipeline reconciled again.
@@ -412,7 +416,7 @@ async fn measure(sizes: &Sizes, broker: Option<&(Proxy, &str)>) -> Result<()> {
     );
     report(
         "  a resync",
-        taken(&fake),
+        taken(&fake, broker),
         ok_after + failed_after - ok - failed,
         pipelines,
     );
