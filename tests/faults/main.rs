@@ -25,7 +25,7 @@ use kubelet::Kubelet;
 use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use mailer_testkit::inproc::InProcess;
-use mailer_testkit::process::eventually;
+use mailer_testkit::process::{eventually, within};
 use mailer_testkit::provider::TestProvider;
 use mailer_testkit::smtp::SmtpServer;
 use node::{Node, Pipeline, Undo};
@@ -200,6 +200,21 @@ impl Tally {
     /// Appends the fault's line to `target/faults.md`, prints it, and checks that nothing
     /// was lost.
     fn report(&self, timing: &str) {
+        let line = self.line(timing);
+        println!("{line}");
+        let path = mailer_testkit::repo_root().join("target/faults.md");
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("target/faults.md");
+        writeln!(file, "{line}").expect("write the fault table");
+        let lost = self.lost();
+        assert!(lost.is_empty(), "{}: lost {lost:?}", self.fault);
+    }
+
+    /// The fault's line of the table.
+    fn line(&self, timing: &str) -> String {
         let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
         for (_, reason) in &self.dead {
             *reasons.entry(reason.as_deref().unwrap_or("?")).or_default() += 1;
@@ -213,8 +228,7 @@ impl Tally {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let lost = self.lost();
-        let line = format!(
+        format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             self.broker,
             self.fault,
@@ -223,18 +237,9 @@ impl Tally {
             self.twice(),
             dead,
             self.waiting.len(),
-            lost.len(),
+            self.lost().len(),
             timing
-        );
-        println!("{line}");
-        let path = mailer_testkit::repo_root().join("target/faults.md");
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .expect("target/faults.md");
-        writeln!(file, "{line}").expect("write the fault table");
-        assert!(lost.is_empty(), "{}: lost {lost:?}", self.fault);
+        )
     }
 }
 
@@ -425,12 +430,30 @@ async fn alarm_past_the_publish_timeout_with_unroutable_parks() {
     drop(clear);
     let cleared = Instant::now();
     let good = published.len() - published.len().div_ceil(3);
-    eventually(240, "every well-formed mail delivered", || async {
+    // Not `eventually`: when they are not all delivered, the tally says where they went.
+    let all_delivered = within(240, || async {
         (distinct(&delivered(&smtp)) == good).then_some(())
     })
-    .await;
+    .await
+    .is_some();
     let recovered = cleared.elapsed();
     let restarts = kubelet.restarts();
+    // What the worker running now says, had it stalled (printed before it is stopped,
+    // which fails when it does not stop).
+    let [in_flight, blocked, paused] = [
+        "mailer_worker_in_flight",
+        "mailer_worker_publishing_blocked",
+        "mailer_worker_provider_paused",
+    ]
+    .map(|name| kubelet.metric(name));
+    let worker_then = format!(
+        "the worker then: probes {:?}, {in_flight} deliveries in flight, \
+         publishing blocked {blocked}, provider paused {paused}",
+        kubelet.probes()
+    );
+    if !all_delivered {
+        println!("not all delivered after 240s; {worker_then}");
+    }
     kubelet.stop();
     let tally = Tally::take(
         "memory alarm 5s past a 3s publish timeout, unroutable parks among dead letters",
@@ -439,10 +462,19 @@ async fn alarm_past_the_publish_timeout_with_unroutable_parks() {
         delivered(&smtp),
     )
     .await;
-    tally.report(&format!(
-        "all delivered {} after the alarm cleared; {restarts} worker exits",
-        secs(recovered)
-    ));
+    let timing = if all_delivered {
+        format!(
+            "all delivered {} after the alarm cleared; {restarts} worker exits",
+            secs(recovered)
+        )
+    } else {
+        format!(
+            "NOT all delivered {} after the alarm cleared; {restarts} worker exits; {worker_then}",
+            secs(recovered)
+        )
+    };
+    tally.report(&timing);
+    assert!(all_delivered, "{}", tally.line(&timing));
 }
 
 #[tokio::test(flavor = "multi_thread")]
