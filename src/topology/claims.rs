@@ -2,7 +2,8 @@
 //! and the objects a broker holds, read under the claims' locks. Pure: the reading,
 //! locking and writing are [`super::management::claims_together`]'s.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use super::error::TopologyError;
 use super::ownership::{Claim, Markers, Owner};
@@ -42,12 +43,39 @@ pub enum ClaimError {
     Broker(#[from] TopologyError),
 }
 
-/// What a broker holds, as read under the locks of a batch of claims.
+/// What a broker holds, as read under the locks of a batch of claims, and what the
+/// batch's claims decided so far took.
 #[derive(Debug, Default)]
 pub struct Found {
-    pub markers: Markers,
+    /// Shared with the batches of other vhosts that read at the same time: with a
+    /// thousand pipelines they are thousands of markers.
+    markers: Arc<Markers>,
+    /// What the claims decided before in the same batch took, over what was read.
+    taken: BTreeMap<Claim, Owner>,
     /// Which of the claims asked for with no marker exist.
     pub existing: BTreeSet<Claim>,
+}
+
+impl Found {
+    pub fn new(markers: Arc<Markers>, existing: BTreeSet<Claim>) -> Self {
+        Self {
+            markers,
+            taken: BTreeMap::new(),
+            existing,
+        }
+    }
+
+    /// Who `claim`'s marker names, counting what the batch took so far.
+    pub fn owner(&self, claim: &Claim) -> Option<&Owner> {
+        self.taken.get(claim).or_else(|| self.markers.owner(claim))
+    }
+
+    /// Counts what `take` marks as `owner`'s, for the claims decided after it.
+    pub fn took(&mut self, take: &Take, owner: &Owner) {
+        for claim in &take.mark {
+            self.taken.insert(claim.clone(), owner.clone());
+        }
+    }
 }
 
 /// What a claim that may go ahead writes.
@@ -71,7 +99,7 @@ pub fn decide(ask: &ClaimAsk, found: &Found) -> Result<Take, ClaimError> {
     });
     let mut of_legacy = false;
     for claim in &ask.claims {
-        match found.markers.owner(claim) {
+        match found.owner(claim) {
             Some(owner) if ask.owner.may_take(owner) => {}
             Some(owner) => {
                 return Err(ClaimError::Owned {
@@ -137,46 +165,61 @@ mod tests {
     #[test]
     fn what_is_unmarked_and_not_there_or_marked_as_its_own_is_taken() {
         let (a, b) = (queue("a"), queue("b"));
-        let found = Found {
-            markers: marked(&[(&a, owner("me", false))]),
-            existing: BTreeSet::new(),
-        };
+        let found = Found::new(
+            Arc::new(marked(&[(&a, owner("me", false))])),
+            BTreeSet::new(),
+        );
         let take = decide(&ask("me", &[a.clone(), b.clone()]), &found).expect("taken");
         assert_eq!(take.mark, vec![a, b]);
         assert_eq!(take.clear, None);
     }
 
     #[test]
+    fn what_a_batch_took_refuses_the_claims_decided_after_it() {
+        let a = queue("a");
+        let read = Arc::new(Markers::default());
+        let mut found = Found::new(Arc::clone(&read), BTreeSet::new());
+        let first = decide(&ask("first", std::slice::from_ref(&a)), &found).expect("taken");
+        found.took(&first, &owner("first", false));
+        let error = decide(&ask("second", std::slice::from_ref(&a)), &found).unwrap_err();
+        assert!(
+            matches!(error, ClaimError::Owned { ref owner, .. } if owner.contains("uid first")),
+            "{error}"
+        );
+        assert!(
+            read.owner(&a).is_none(),
+            "the markers read are shared, not written"
+        );
+    }
+
+    #[test]
     fn another_pipelines_marker_refuses_unless_it_was_retained_for_this_name() {
         let a = queue("a");
-        let found = Found {
-            markers: marked(&[(&a, owner("other", false))]),
-            existing: BTreeSet::from([a.clone()]),
-        };
+        let found = Found::new(
+            Arc::new(marked(&[(&a, owner("other", false))])),
+            BTreeSet::from([a.clone()]),
+        );
         let error = decide(&ask("me", std::slice::from_ref(&a)), &found).unwrap_err();
         assert!(
             matches!(error, ClaimError::Owned { ref owner, .. } if owner.contains("uid other"))
         );
-        let retained = Found {
-            markers: marked(&[(&a, owner("other", true))]),
-            existing: BTreeSet::from([a.clone()]),
-        };
+        let retained = Found::new(
+            Arc::new(marked(&[(&a, owner("other", true))])),
+            BTreeSet::from([a.clone()]),
+        );
         assert!(decide(&ask("me", &[a]), &retained).is_ok());
     }
 
     #[test]
     fn an_object_there_without_a_marker_refuses_unless_a_legacy_marker_names_this_pipeline() {
         let a = queue("a");
-        let found = |legacy_owner: &str| Found {
-            markers: {
-                let mut markers = Markers::default();
-                markers.insert(
-                    legacy_topology_marker("shop", "a"),
-                    owner(legacy_owner, false),
-                );
-                markers
-            },
-            existing: BTreeSet::from([a.clone()]),
+        let found = |legacy_owner: &str| {
+            let mut markers = Markers::default();
+            markers.insert(
+                legacy_topology_marker("shop", "a"),
+                owner(legacy_owner, false),
+            );
+            Found::new(Arc::new(markers), BTreeSet::from([a.clone()]))
         };
         let mut asked = ask("me", std::slice::from_ref(&a));
         let error = decide(&asked, &found("me")).unwrap_err();

@@ -350,3 +350,37 @@ async fn declared_over_amqp_a_first_apply_makes_the_same_objects_and_only_polici
     assert!(plans.iter().all(Vec::is_empty), "{plans:#?}");
     assert_eq!(m.writes(), 0);
 }
+
+/// The claim batches of several vhosts share a read of the markers that started after
+/// they took their locks, and a batch never decides on one that started before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_batches_share_a_read_of_the_markers_only_if_it_started_after_their_locks() {
+    let proxy = Proxy::start(&management_host(), Duration::ZERO).await;
+    let m = std::sync::Arc::new(proxy.management());
+    let reads = |recorded: Vec<Recorded>| {
+        recorded
+            .iter()
+            .filter(|r| r.path == "global-parameters")
+            .count()
+    };
+    let locked = Instant::now();
+    let shared = futures::future::join_all((0..5).map(|_| m.markers_read_after(locked))).await;
+    assert!(shared.iter().all(Result::is_ok));
+    assert_eq!(
+        reads(proxy.take()),
+        1,
+        "five batches locked before it share one read"
+    );
+    m.markers_read_after(Instant::now()).await.expect("read");
+    assert_eq!(
+        reads(proxy.take()),
+        1,
+        "a batch locked after the last read started reads again"
+    );
+    m.markers_read_after(locked).await.expect("read");
+    assert_eq!(
+        reads(proxy.take()),
+        0,
+        "one locked before the last read shares it"
+    );
+}

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::{join_all, try_join_all};
 use serde::Deserialize;
@@ -72,13 +72,13 @@ pub async fn claim_together(
 }
 
 async fn decide_batch(
-    management: &Management,
+    management: &Arc<Management>,
     vhost: &str,
     batch: Vec<Submission>,
     lock_wait: Duration,
 ) {
     let claims: Vec<&Claim> = batch.iter().flat_map(|s| &s.ask.claims).collect();
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     // Every locker of these names takes the same locks, in the same order.
     let holder = batch.first().map(|s| s.ask.owner.uid.clone());
     let locks = management
@@ -93,18 +93,14 @@ async fn decide_batch(
             return;
         }
     };
-    let found = read_found(management, vhost, &claims).await;
+    let found = read_found(management, vhost, &claims, Instant::now()).await;
     let outcomes = match found {
         Ok(mut found) => {
             let decided: Vec<Result<Take, ClaimError>> = batch
                 .iter()
                 .map(|submission| {
                     let take = decide(&submission.ask, &found)?;
-                    for claim in &take.mark {
-                        found
-                            .markers
-                            .insert(claim.marker(), submission.ask.owner.clone());
-                    }
+                    found.took(&take, &submission.ask.owner);
                     Ok(take)
                 })
                 .collect();
@@ -142,15 +138,18 @@ async fn write_take(
     Ok(())
 }
 
-/// Every marker, and which of `claims` with none exist: read now, under the locks. The
-/// markers and the names of the vhost's exchanges and queues are read at once (a vhost
-/// not made yet lists none), whether or not a marker names each claim: waiting for the
-/// markers first would put a read's time into every batch, and the claims of a batch
-/// are nearly always of names no marker names yet.
+/// Every marker, and which of `claims` with none exist: read under the locks, taken at
+/// `locked_at` (the markers by a read that may be shared with other vhosts' batches,
+/// [`Management::markers_read_after`]). The markers and the names of the vhost's
+/// exchanges and queues are read at once (a vhost not made yet lists none), whether or
+/// not a marker names each claim: waiting for the markers first would put a read's time
+/// into every batch, and the claims of a batch are nearly always of names no marker
+/// names yet.
 async fn read_found(
-    management: &Management,
+    management: &Arc<Management>,
     vhost: &str,
     claims: &[&Claim],
+    locked_at: Instant,
 ) -> Result<Found, TopologyError> {
     let of_kind = |kind: fn(&Claim) -> bool| {
         claims
@@ -164,7 +163,7 @@ async fn read_found(
         }
     };
     let (markers, exchanges, queues) = tokio::try_join!(
-        management.markers(),
+        management.markers_read_after(locked_at),
         names_if(
             of_kind(|c| matches!(c, Claim::Exchange { .. })),
             "exchanges"
@@ -188,7 +187,7 @@ async fn read_found(
             existing.insert((*claim).clone());
         }
     }
-    Ok(Found { markers, existing })
+    Ok(Found::new(markers, existing))
 }
 
 /// An exchange or queue as a list of names answers.
