@@ -73,6 +73,17 @@ pub async fn claim(
         .shared_markers(ctx.settings.definitions_max_age)
         .await?;
     let held = markers.held_by(&me.uid);
+    let missing: Vec<&Claim> = desired
+        .claims
+        .iter()
+        .filter(|claim| !held.contains(claim))
+        .collect();
+    // What the list already says is another's is refused without a lock.
+    let foreign = refuse_foreign(&markers, &me, &missing);
+    // Not held across the waits below: while a reconcile holds a version of the shared
+    // markers, each marker written through the client copies all of them for the next
+    // (at 1,000 pipelines, the reconciles waiting for their claims held a copy each).
+    drop(markers);
     let retiring: BTreeSet<Claim> = held.difference(&desired.claims).cloned().collect();
     // A former delay tier's queue drains by itself: it is kept until then (see retire).
     let vhost = &desired.topology.vhost;
@@ -80,16 +91,10 @@ pub async fn claim(
         .iter()
         .filter(|claim| !is_former_tier(vhost, &valid.spec.topology, claim));
     refuse_stranding(management, stranding).await?;
-    let missing: Vec<&Claim> = desired
-        .claims
-        .iter()
-        .filter(|claim| !held.contains(claim))
-        .collect();
     if missing.is_empty() {
         return Ok(Claimed { retiring });
     }
-    // What the list already says is another's is refused without a lock.
-    refuse_foreign(&markers, &me, &missing)?;
+    foreign?;
     let known = ctx.known_pipelines(|other| other.uid() != valid.pipeline.uid());
     check_collisions(valid.pipeline, &known)?;
     let spec = valid.spec;
