@@ -119,6 +119,10 @@ impl Snapshot {
     }
 }
 
+/// How many times [`Management::shared_observe`] reads a vhost's definitions while this
+/// client makes the vhost, before it reads the pipeline by name instead.
+const READS_WHILE_MADE: usize = 2;
+
 /// What a client keeps for [`Management::shared_observe`]: by vhost, the definitions
 /// last read and when (kept current by the client's own writes since), when it last
 /// wrote there, and last wrote what they cannot follow, and what it made while they were
@@ -220,30 +224,37 @@ impl Management {
         if let Some(found) = cached(self) {
             return Ok(found);
         }
-        let at = Instant::now();
-        self.shared_snapshots()
-            .made_while_reading
-            .insert(vhost.to_string(), Vec::new());
-        let read = self.snapshot(vhost).await;
-        let mut shared = self.shared_snapshots();
-        let made = shared.made_while_reading.remove(vhost).unwrap_or_default();
-        // A vhost this user may not read whole is read by name until `max_age` passed,
-        // and so is one whose definitions could not be read (those waiting meanwhile do
-        // not each wait for another try).
-        let (mut kept, found) = match read {
-            Ok(snapshot) => (snapshot, Ok(())),
-            Err(e) => (None, Err(e)),
-        };
-        if made.iter().any(|c| matches!(c, Change::CreateVhost(_))) {
-            // Read before or after it was made: read again next time.
-            return found.map(|()| None);
+        // The vhost made while its definitions were read: the answer may be from before,
+        // so they are read again at once (once), rather than every object of the
+        // pipeline by name, as the reconciles of a first pass would then do.
+        for _ in 0..READS_WHILE_MADE {
+            let at = Instant::now();
+            self.shared_snapshots()
+                .made_while_reading
+                .insert(vhost.to_string(), Vec::new());
+            let read = self.snapshot(vhost).await;
+            let mut shared = self.shared_snapshots();
+            let made = shared.made_while_reading.remove(vhost).unwrap_or_default();
+            // A vhost this user may not read whole is read by name until `max_age`
+            // passed, and so is one whose definitions could not be read (those waiting
+            // meanwhile do not each wait for another try).
+            let (mut kept, found) = match read {
+                Ok(snapshot) => (snapshot, Ok(())),
+                Err(e) => (None, Err(e)),
+            };
+            if made.iter().any(|c| matches!(c, Change::CreateVhost(_))) {
+                found?;
+                continue;
+            }
+            if let Some(snapshot) = &mut kept {
+                made.iter().for_each(|change| snapshot.add(change));
+            }
+            let observed = kept.as_ref().map(|snapshot| snapshot.of(topology));
+            shared.read.insert(vhost.to_string(), (at, kept));
+            return found.map(|()| observed);
         }
-        if let Some(snapshot) = &mut kept {
-            made.iter().for_each(|change| snapshot.add(change));
-        }
-        let observed = kept.as_ref().map(|snapshot| snapshot.of(topology));
-        shared.read.insert(vhost.to_string(), (at, kept));
-        found.map(|()| observed)
+        // Made again while read again: read by name this time.
+        Ok(None)
     }
 
     /// The definitions of `vhost`, or `None` when this user may not read them (they need
