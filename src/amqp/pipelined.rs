@@ -20,6 +20,11 @@
 //!   takes that lock, so afterwards every confirm completed so far is visible. Then every
 //!   confirm in flight on the lane is looked at, and each returned message marks the publish
 //!   whose key it carries. Only then does a publish learn its outcome.
+//! - Every confirm is polled only under its lane's lock, its own publish's too. A
+//!   `Shared` future that one thread is polling reads as pending to another, so a scan
+//!   racing the owner's poll of a confirm lapin had completed missed it, and with it the
+//!   returned message it carried: that publish was taken for routed, and the request it
+//!   parked acked and lost (`make faults`, once in about 30 runs under load).
 //! - A publish given up before its confirm completed (its deadline passed, or its task was
 //!   dropped) leaves a confirm that lapin still completes later, and that confirm may take
 //!   another publish's returned message with it, unseen. So giving one up makes its lane
@@ -232,7 +237,7 @@ impl PipelinedPublisher {
             let confirm =
                 publish_mandatory(&slot.lane.channel, exchange, routing_key, properties, body)
                     .await?;
-            let confirm = async move { Confirmed::of(confirm.await) }.boxed().shared();
+            let mut confirm = async move { Confirmed::of(confirm.await) }.boxed().shared();
             {
                 let mut state = slot.lane.lock();
                 if let Some(entry) = state.entries.iter_mut().find(|e| e.id == slot.id) {
@@ -240,7 +245,13 @@ impl PipelinedPublisher {
                 }
             }
             slot.lane.changed.notify_waiters();
-            confirm.await;
+            // Polled under the lane's lock, as every scan polls the others' (see the
+            // module's doc on why).
+            std::future::poll_fn(|cx| {
+                let _polling = slot.lane.lock();
+                confirm.poll_unpin(cx).map(drop)
+            })
+            .await;
             // Only a confirm registered before ours completed can carry our return.
             let horizon = slot.lane.lock().next_id;
             // Every tag of the ack that completed ours is completed once this takes

@@ -418,7 +418,11 @@ async fn alarm_past_the_publish_timeout_with_unroutable_parks() {
     let kubelet = Kubelet::start(
         &pipeline.amqp_url(),
         &smtp_url(proxy.port),
-        &[("MAIL_PUBLISH_TIMEOUT", "3s")],
+        // Each request parked or sent gets a line, so a lost one shows which it was.
+        &[
+            ("MAIL_PUBLISH_TIMEOUT", "3s"),
+            ("RUST_LOG", "warn,mailer::worker::delivery=debug"),
+        ],
     );
     eventually(60, "some requests through", || async {
         (depth(&pipeline, "mail.send.dead").await >= 5).then_some(())
