@@ -29,9 +29,8 @@
 //! objects named `p<i>.…` in vhost `mailer-bench-controller-<i mod
 //! MAILER_BENCH_VHOSTS>` (10 vhosts), and the workers' user is given (guest), so no
 //! broker user is made per pipeline. The vhosts and the owner markers of their
-//! objects (`mailer-owner|exchange|<vhost>|…` and `mailer-owner|queue|…` global
-//! parameters; the workers' users are given, so none is claimed) are deleted at the end,
-//! also when the run fails.
+//! objects (a `mailer-owner|pipeline|<uid>` global parameter per pipeline; the workers'
+//! users are given, so none is claimed) are deleted at the end, also when the run fails.
 //!
 //! For the first pass it prints the time and objects per second (12 per pipeline), the
 //! reconciles per pipeline (more than one each is work the first pass caused itself, by
@@ -869,9 +868,14 @@ async fn remove_from_broker(address: &str, vhosts: usize) {
         .await
         .unwrap_or_default()
     {
-        let of_the_bench = mailer::topology::ownership::Claim::of_marker(&parameter.name)
-            .and_then(|claim| claim.vhost().map(|vhost| vhost.starts_with(VHOST_PREFIX)))
-            .unwrap_or(false);
+        let value = serde_json::Value::from(parameter.value);
+        let of_the_bench = mailer::topology::ownership::marked_claims(&parameter.name, &value)
+            .iter()
+            .any(|claim| {
+                claim
+                    .vhost()
+                    .is_some_and(|vhost| vhost.starts_with(VHOST_PREFIX))
+            });
         if of_the_bench
             || parameter
                 .name

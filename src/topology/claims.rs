@@ -81,10 +81,14 @@ impl Found {
 /// What a claim that may go ahead writes.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Take {
-    /// The claims whose markers it writes, naming its owner.
+    /// The claims it asked for, its own once written.
     pub mark: Vec<Claim>,
-    /// The 0.1 release's marker to remove once those are written.
-    pub clear: Option<String>,
+    /// What its pipeline's marker lists once written: what it held and what it takes.
+    pub holds: BTreeSet<Claim>,
+    /// The markers to remove once that is written: the claim markers of what it holds
+    /// (its own from before pipeline markers, or retained for it by a pipeline of its
+    /// name), and the 0.1 release's topology marker it takes over.
+    pub clear: Vec<String>,
 }
 
 /// Whether `ask` may take its claims given what was `found`: each must be unmarked and
@@ -118,9 +122,18 @@ pub fn decide(ask: &ClaimAsk, found: &Found) -> Result<Take, ClaimError> {
             }
         }
     }
+    let mut holds = found.markers.held_by(&ask.owner.uid);
+    holds.extend(ask.claims.iter().cloned());
+    let mut clear: Vec<String> = holds
+        .iter()
+        .filter(|claim| found.markers.has_claim_marker(claim))
+        .map(Claim::marker)
+        .collect();
+    clear.extend(legacy_ours.filter(|_| of_legacy).map(|l| l.marker.clone()));
     Ok(Take {
         mark: ask.claims.clone(),
-        clear: legacy_ours.filter(|_| of_legacy).map(|l| l.marker.clone()),
+        holds,
+        clear,
     })
 }
 
@@ -170,8 +183,25 @@ mod tests {
             BTreeSet::new(),
         );
         let take = decide(&ask("me", &[a.clone(), b.clone()]), &found).expect("taken");
-        assert_eq!(take.mark, vec![a, b]);
-        assert_eq!(take.clear, None);
+        assert_eq!(take.mark, vec![a.clone(), b.clone()]);
+        assert_eq!(take.holds, BTreeSet::from([a.clone(), b]));
+        // Its claim marker from before pipeline markers goes once its pipeline's lists a.
+        assert_eq!(take.clear, vec![a.marker()]);
+    }
+
+    #[test]
+    fn a_take_lists_what_the_pipeline_held_and_clears_what_it_took_over() {
+        let (held, retained, new) = (queue("held"), queue("retained"), queue("new"));
+        let mut markers = marked(&[(&retained, owner("before", true))]);
+        markers.set_pipeline(&owner("me", false), BTreeSet::from([held.clone()]));
+        let found = Found::new(Arc::new(markers), BTreeSet::from([retained.clone()]));
+        let take = decide(&ask("me", &[retained.clone(), new.clone()]), &found).expect("taken");
+        assert_eq!(take.holds, BTreeSet::from([held, retained.clone(), new]));
+        assert_eq!(
+            take.clear,
+            vec![retained.marker()],
+            "the retained marker goes"
+        );
     }
 
     #[test]
@@ -229,7 +259,7 @@ mod tests {
             claims: BTreeSet::from([a.clone()]),
         });
         let take = decide(&asked, &found("me")).expect("the 0.1 topology is its own");
-        assert_eq!(take.clear, Some(legacy_topology_marker("shop", "a")));
+        assert_eq!(take.clear, vec![legacy_topology_marker("shop", "a")]);
         assert!(matches!(
             decide(&asked, &found("other")),
             Err(ClaimError::Unclaimed { .. })

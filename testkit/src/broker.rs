@@ -168,8 +168,10 @@ impl TestVhost {
                 .await
                 .unwrap_or_default()
             {
-                let of_vhost = mailer::topology::ownership::Claim::of_marker(&parameter.name)
-                    .is_some_and(|claim| claim.vhost() == Some(name.as_str()));
+                let value = serde_json::Value::from(parameter.value);
+                let of_vhost = mailer::topology::ownership::marked_claims(&parameter.name, &value)
+                    .iter()
+                    .any(|claim| claim.vhost() == Some(name.as_str()));
                 if of_vhost || parameter.name.starts_with(&legacy) {
                     let _ = api.clear_global_runtime_parameter(&parameter.name).await;
                 }
@@ -244,6 +246,15 @@ fn raw_api_base() -> &'static str {
 
 /// The management API without any of the mailer's code in between, to check what the
 /// broker really holds.
+/// Who owns `claim` as the operator reads the markers (either format), as JSON: the
+/// owner's `cluster`, `namespace`, `name`, `uid` and `retained`.
+pub async fn owner_of(claim: &mailer::topology::ownership::Claim) -> Option<serde_json::Value> {
+    let markers = management().markers().await.expect("read the markers");
+    markers
+        .owner(claim)
+        .map(|owner| serde_json::to_value(owner).expect("an owner as JSON"))
+}
+
 pub fn raw_api() -> rabbitmq_http_client::api::Client<&'static str, &'static str, &'static str> {
     mailer::install_crypto_provider();
     rabbitmq_http_client::api::Client::new(raw_api_base(), "guest", "guest")

@@ -1,6 +1,7 @@
 //! Claims against the real broker: racing claims end with exactly one owner; a rename
 //! that would strand mail is refused; a namespace deleted whole cleans up; a topology
-//! marked whole by an earlier release is taken over object by object; a stronger policy
+//! marked whole by an earlier release is taken over object by object, and its claim
+//! markers folded into the pipeline's marker; a stronger policy
 //! is seen; a namespace a cluster no longer allows loses its workers' access.
 
 use std::sync::Arc;
@@ -30,14 +31,7 @@ fn spec(vhost: &str) -> Value {
         .build()
 }
 
-/// Who the marker of `claim` names, if anyone.
-async fn owner_of(claim: &Claim) -> Option<Value> {
-    raw_api()
-        .get_global_runtime_parameter(&claim.marker())
-        .await
-        .ok()
-        .map(|p| p.value.into())
-}
+use mailer_testkit::broker::owner_of;
 
 fn queue(vhost: &str, name: &str) -> Claim {
     Claim::Queue {
@@ -266,6 +260,89 @@ async fn a_namespace_deleted_whole_cleans_up_with_the_secret_it_holds() {
     assert!(
         h.fake.get(&secret_path("conn")).is_none(),
         "the Secret goes once let go of"
+    );
+}
+
+#[tokio::test]
+async fn claim_markers_an_earlier_release_wrote_are_folded_into_the_pipelines_marker() {
+    let h = harness();
+    let vhost = TestVhost::fresh("controller-fold");
+    let (name, _users) = unique_pipeline("shop");
+    connection_secret(&h, &secret_uri());
+    h.seed_pipeline(&name, spec(&vhost.name), true);
+    h.reconcile(&name).await.0.expect("built");
+    let uid = h.pipeline(&name).metadata.uid.expect("a uid");
+    let pipeline_marker = mailer::topology::ownership::pipeline_marker(&uid);
+    let listed = raw_api()
+        .get_global_runtime_parameter(&pipeline_marker)
+        .await
+        .expect("one marker for the pipeline");
+    let listed = Value::from(listed.value);
+    let me: Owner = serde_json::from_value(listed.clone()).expect("an owner");
+    let held = mailer::topology::ownership::marked_claims(&pipeline_marker, &listed);
+    assert_eq!(
+        held.len(),
+        7,
+        "3 exchanges, 3 queues, the workers' user: {listed}"
+    );
+
+    // What an earlier release left: a claim marker per claim, no pipeline marker.
+    management()
+        .clear_owner(&pipeline_marker)
+        .await
+        .expect("removed");
+    for claim in &held {
+        management()
+            .set_owner_of(claim, &me)
+            .await
+            .expect("written");
+    }
+    h.reconcile(&name).await.0.expect("in sync");
+    for claim in &held {
+        assert_eq!(
+            owner_of(claim).await.unwrap()["uid"],
+            uid.as_str(),
+            "{claim}"
+        );
+    }
+    assert!(
+        raw_api()
+            .get_global_runtime_parameter(&pipeline_marker)
+            .await
+            .is_err(),
+        "a pipeline in sync writes no marker"
+    );
+
+    // A second delay tier claims one queue more: the pipeline's marker lists it all.
+    let mut object = h.fake.get(&pipeline_path(&name)).expect("the pipeline");
+    object["spec"]["topology"]["retryDelays"] = json!(["1m", "1h"]);
+    h.fake.put(&pipeline_path(&name), object);
+    h.reconcile(&name).await.0.expect("a tier more");
+    let listed = raw_api()
+        .get_global_runtime_parameter(&pipeline_marker)
+        .await
+        .expect("the pipeline's marker");
+    let now = mailer::topology::ownership::marked_claims(&pipeline_marker, &listed.value.into());
+    assert_eq!(now.len(), 8, "{now:?}");
+    for claim in &held {
+        assert!(now.contains(claim), "{claim}");
+        assert!(
+            raw_api()
+                .get_global_runtime_parameter(&claim.marker())
+                .await
+                .is_err(),
+            "{claim}'s own marker is folded in"
+        );
+    }
+
+    h.mark_deleted(&name);
+    h.reconcile(&name).await.0.expect("cleaned up");
+    assert!(
+        raw_api()
+            .get_global_runtime_parameter(&pipeline_marker)
+            .await
+            .is_err(),
+        "released with the pipeline"
     );
 }
 

@@ -12,7 +12,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use kube::runtime::controller::Action;
 use mailer::controller::{Error, reconcile};
 use mailer::spec::MailerPipeline;
-use mailer::topology::ownership::Claim;
+use mailer::topology::ownership::{Claim, marked_claims};
 use serde_json::{Value, json};
 
 use super::broker::{UserCleanup, secret_uri, unique};
@@ -207,17 +207,34 @@ pub async fn broker_state(vhosts: &[&str], users: &[&str]) -> BTreeMap<String, V
             );
         }
     }
+    // A claim counts once per marker naming it: a pipeline marker's each on its own, so a
+    // claim of someone else's in a tenant's own pipeline marker is seen as such.
     for parameter in list(get("global-parameters").await) {
         let name = parameter["name"].as_str().unwrap_or_default().to_string();
-        let named = match Claim::of_marker(&name) {
-            Some(Claim::User { name: user }) => users.contains(&user.as_str()),
-            Some(claim) => claim.vhost().is_some_and(|v| vhosts.contains(&v)),
-            None => vhosts
-                .iter()
-                .any(|v| name.starts_with(&format!("mailer-owner|topology|{v}|"))),
-        };
-        if named {
-            state.insert(format!("marker {name}"), parameter["value"].clone());
+        let value = &parameter["value"];
+        let legacy = vhosts
+            .iter()
+            .any(|v| name.starts_with(&format!("mailer-owner|topology|{v}|")));
+        if legacy {
+            state.insert(format!("marker {name}"), value.clone());
+        }
+        let mut owner = value.clone();
+        let of_pipeline = owner
+            .as_object_mut()
+            .and_then(|fields| fields.remove("claims"))
+            .is_some();
+        for claim in marked_claims(&name, value) {
+            let named = match &claim {
+                Claim::User { name: user } => users.contains(&user.as_str()),
+                claim => claim.vhost().is_some_and(|v| vhosts.contains(&v)),
+            };
+            let key = match of_pipeline {
+                true => format!("marker {} in {name}", claim.id()),
+                false => format!("marker {name}"),
+            };
+            if named {
+                state.insert(key, owner.clone());
+            }
         }
     }
     state

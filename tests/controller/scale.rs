@@ -36,21 +36,23 @@ const KUBERNETES_REQUESTS_PER_PIPELINE: usize = 2;
 /// other reconciles of its vhost under one lock (the lock queue declared and deleted in
 /// the locks' own vhost, every marker read, whether the vhost exists, its exchanges and
 /// queues listed when it does: at most 6 for a batch, 1 each for the test's 6 in one
-/// batch); whether the vhost exists (1), or its definitions, read once for the vhost and
-/// kept current by the client's own writes (nothing read by name: see the test); its 9
-/// writes and its share of one policy import; the vhost made (by each reconcile that
+/// batch); its pipeline's marker written (1; one per object, 6, before one marker per
+/// pipeline); whether the vhost exists (1), or its definitions, read once for the vhost
+/// and kept current by the client's own writes (nothing read by name: see the test); its
+/// 9 writes and its share of one policy import; the vhost made (by each reconcile that
 /// found it missing) and the operator's permissions there (read, and whether the vhost
 /// exists: 2, and granted), the broker's version (the first reconciles each read it), the
 /// locks' vhost and the operator's permissions there (once per client): up to 6 more.
-/// Its queues are not read: it made them. That is 29 to 31 (alone in its batch). A
+/// Its queues are not read: it made them. That is 24 to 26 (alone in its batch). A
 /// pipeline made among others of its vhost hands its policies to their batch and is
 /// reconciled a second time for the rest, which reads nothing of its own but the
 /// operator's permissions, when a reconcile running at once has not read them (1). This
-/// test counts 23.7 (142 for 6); at most 32 leaves room for the claims going in two
-/// batches. Whatever the number of pipelines. (Each object read by name and the queues'
-/// depths read, before definitions were kept current: 42; a lock, a marker read and an
-/// object read per name, before claims were decided together: 55.)
-const FIRST_PASS_MANAGEMENT_REQUESTS_PER_PIPELINE: usize = 32;
+/// test counts 17.8 (107 for 6); at most 27 leaves room for the claims going in two
+/// batches. Whatever the number of pipelines. (A marker per object: 23.7, at most 32;
+/// each object read by name and the queues' depths read, before definitions were kept
+/// current: 42; a lock, a marker read and an object read per name, before claims were
+/// decided together: 55.)
+const FIRST_PASS_MANAGEMENT_REQUESTS_PER_PIPELINE: usize = 27;
 
 /// Requests to the API server of a pipeline's first reconcile, besides the watches, their
 /// lists and discovery: the connection Secret read and patched to hold it (again when
@@ -355,11 +357,16 @@ async fn the_claims_and_policies_of_reconciles_running_at_once_go_out_together()
         .filter(|w| w.starts_with(&format!("PUT policies/{}/", vhost.name)))
         .count();
     assert_eq!((imports, policy_puts), (1, 0), "{writes:#?}");
-    // One lock for the six pipelines' 36 claims, and a marker each.
+    // One lock for the six pipelines' 36 claims, and one marker per pipeline.
     let count = |prefix: &str| writes.iter().filter(|w| w.starts_with(prefix)).count();
     let locks = count(&format!("PUT queues/{CLAIM_LOCK_VHOST}/"));
-    let markers = count("PUT global-parameters/");
-    assert_eq!((locks, markers), (1, 6 * PIPELINES), "{writes:#?}");
+    let markers = count("PUT global-parameters/mailer-owner|pipeline|");
+    let all_markers = count("PUT global-parameters/");
+    assert_eq!(
+        (locks, markers, all_markers),
+        (1, PIPELINES, PIPELINES),
+        "{writes:#?}"
+    );
     // Every pipeline's three policies are there.
     let policies = mailer_testkit::broker::raw_api()
         .list_policies_in(&vhost.name)

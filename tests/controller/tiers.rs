@@ -105,18 +105,17 @@ async fn tiers_reach_workers_and_status_and_a_former_tier_drains_before_it_goes(
             .await
             .is_ok()
     );
-    let marker = Claim::Queue {
+    let going = Claim::Queue {
         vhost: vhost.name.clone(),
         name: GOING.into(),
-    }
-    .marker();
-    let owner = api
-        .get_global_runtime_parameter(&marker)
+    };
+    let owner = mailer_testkit::broker::owner_of(&going)
         .await
         .expect("tier 3's queue is still held");
-    assert!(
-        !format!("{:?}", owner.value).contains("retained"),
-        "held, not left behind: {owner:?}"
+    assert_eq!(
+        owner["retained"],
+        Value::Null,
+        "held, not left behind: {owner}"
     );
     let stored = h.fake.get(&pipeline_path(&name)).expect("the pipeline");
     assert_eq!(
@@ -167,7 +166,11 @@ async fn tiers_reach_workers_and_status_and_a_former_tier_drains_before_it_goes(
             .await
             .is_err()
     );
-    assert!(api.get_global_runtime_parameter(&marker).await.is_err());
+    assert_eq!(
+        mailer_testkit::broker::owner_of(&going).await,
+        None,
+        "tier 3's queue is no longer held"
+    );
     reconcile_until(&h, &name, "no tier draining", |queues| {
         queues["retryByTier"] == "0/0"
     })

@@ -22,6 +22,7 @@ use crate::controller::broker::connection::Broker;
 use crate::controller::error::Error;
 use crate::spec::DeletionPolicy;
 use crate::topology::desired::policy_name;
+use crate::topology::management::markers::GiveUp;
 use crate::topology::ownership::{Claim, Owner};
 use crate::topology::{self, EmptinessCheck, Kept, Management, Removal, Removed};
 
@@ -71,7 +72,7 @@ pub async fn retire(
                 if management.delete_user(name).await? {
                     retired.users_removed.push(name.clone());
                 }
-                management.clear_owner(&claim.marker()).await?;
+                management.give_up(me, &[claim], GiveUp::Release).await?;
             }
             Claim::Exchange { vhost, .. } | Claim::Queue { vhost, .. } => {
                 by_vhost.entry(vhost).or_default().push(claim);
@@ -106,18 +107,14 @@ async fn retire_in_vhost(
 ) -> Result<(), Error> {
     if !management.vhost_exists(vhost).await? {
         // Gone with its vhost: there is nothing left to mark.
-        for claim in claims {
-            management.clear_owner(&claim.marker()).await?;
-        }
+        management.give_up(me, claims, GiveUp::Release).await?;
         retired
             .kept
             .push(format!("nothing: vhost {vhost:?} does not exist"));
         return Ok(());
     }
     if policy == DeletionPolicy::Retain {
-        for claim in claims {
-            management.set_owner_of(claim, &me.retaining()).await?;
-        }
+        management.give_up(me, claims, GiveUp::Retain).await?;
         retired.kept.push(format!(
             "everything in vhost {vhost:?} (deletionPolicy Retain)"
         ));
@@ -140,16 +137,18 @@ async fn retire_in_vhost(
     let amqp_url = broker.operator_amqp_url(vhost);
     let report =
         topology::delete_named(management, &removal, EmptinessCheck::Live(&amqp_url)).await?;
-    for claim in claims {
-        let removed = report.removed.iter().any(|removed| match (removed, claim) {
-            (Removed::Exchange(name), Claim::Exchange { name: claimed, .. })
-            | (Removed::Queue(name), Claim::Queue { name: claimed, .. }) => name == claimed,
-            _ => false,
-        });
-        if removed {
-            management.clear_owner(&claim.marker()).await?;
-        }
-    }
+    let gone: Vec<&Claim> = claims
+        .iter()
+        .copied()
+        .filter(|claim| {
+            report.removed.iter().any(|removed| match (removed, claim) {
+                (Removed::Exchange(name), Claim::Exchange { name: claimed, .. })
+                | (Removed::Queue(name), Claim::Queue { name: claimed, .. }) => name == claimed,
+                _ => false,
+            })
+        })
+        .collect();
+    management.give_up(me, &gone, GiveUp::Release).await?;
     let removed = report
         .removed
         .iter()
@@ -158,17 +157,17 @@ async fn retire_in_vhost(
         WhenFull::Retain => retired.removed.extend(removed),
         WhenFull::Hold => retired.drained.extend(removed),
     }
+    let mut left_over = Vec::new();
     for kept in &report.kept {
         match kept {
             Kept::Queue { name, .. } if when_full == WhenFull::Hold => {
                 retired.draining.push(name.clone());
             }
             Kept::Queue { name, why } => {
-                let claim = Claim::Queue {
+                left_over.push(Claim::Queue {
                     vhost: vhost.to_string(),
                     name: name.clone(),
-                };
-                management.set_owner_of(&claim, &me.retaining()).await?;
+                });
                 retired
                     .left_over
                     .push(format!("in vhost {vhost:?}, queue {name}: {why}"));
@@ -183,5 +182,7 @@ async fn retire_in_vhost(
             Kept::VhostGone { .. } | Kept::Retained { .. } | Kept::PolicyOfKeptQueue { .. } => {}
         }
     }
+    let left_over: Vec<&Claim> = left_over.iter().collect();
+    management.give_up(me, &left_over, GiveUp::Retain).await?;
     Ok(())
 }

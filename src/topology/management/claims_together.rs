@@ -9,8 +9,8 @@
 //! go in one batch ([`super::batches`]): its locks are taken once (the vhost's, and a
 //! workers' user's per user), every marker is read in one request and what exists in
 //! two, each claim is decided in turn on what was read and what the claims before it in
-//! the batch took ([`crate::topology::claims::decide`]), and the markers of those that
-//! may go ahead are written. Each reconcile learns the outcome of its own claims: one
+//! the batch took ([`crate::topology::claims::decide`]), and the marker of each pipeline
+//! that may go ahead is written, one per pipeline. Each reconcile learns the outcome of its own claims: one
 //! refused does not refuse the others.
 
 use std::collections::BTreeSet;
@@ -30,7 +30,8 @@ use crate::topology::ownership::Claim;
 /// One reconcile's claims in a batch, and where its outcome goes.
 pub(in crate::topology) struct Submission {
     ask: ClaimAsk,
-    done: oneshot::Sender<Result<(), ClaimError>>,
+    /// The number of markers written and removed, or why not.
+    done: oneshot::Sender<Result<usize, ClaimError>>,
 }
 
 /// Takes `ask`'s claims in `vhost` (the pipeline's, for its exchanges and queues)
@@ -46,7 +47,7 @@ pub async fn claim_together(
     lock_wait: Duration,
 ) -> Result<(), ClaimError> {
     let marks = ask.claims.len();
-    let (done, outcome) = oneshot::channel();
+    let (done, outcome) = oneshot::channel::<Result<usize, ClaimError>>();
     VhostBatches::submit(
         management,
         |management| &management.claim_batches,
@@ -57,18 +58,16 @@ pub async fn claim_together(
             decide_batch(&management, &vhost, batch, lock_wait).await;
         },
     );
-    let taken = outcome.await.unwrap_or_else(|_| {
+    let writes = outcome.await.unwrap_or_else(|_| {
         Err(ClaimError::Broker(TopologyError::Refused {
             action: format!("claim {marks} names in vhost {vhost:?}"),
             status: 0,
             reason: "the batch that held the claims ended before deciding them".into(),
         }))
-    });
-    if taken.is_ok() {
-        // Written by the batch's task: counted for the work that asked for them.
-        management.tally_writes(marks);
-    }
-    taken
+    })?;
+    // Written by the batch's task: counted for the work that asked for them.
+    management.tally_writes(writes);
+    Ok(())
 }
 
 async fn decide_batch(
@@ -119,23 +118,24 @@ async fn decide_batch(
     }
 }
 
-/// Writes what a claim that may go ahead takes.
+/// Writes what a claim that may go ahead takes: its pipeline's marker, then the markers
+/// that marker stands for now. Returns the number of writes.
 async fn write_take(
     management: &Management,
     ask: &ClaimAsk,
     decided: Result<Take, ClaimError>,
-) -> Result<(), ClaimError> {
+) -> Result<usize, ClaimError> {
     let take = decided?;
+    management
+        .set_pipeline_claims(&ask.owner, &take.holds)
+        .await?;
     try_join_all(
-        take.mark
+        take.clear
             .iter()
-            .map(|claim| management.set_owner_of(claim, &ask.owner)),
+            .map(|marker| management.clear_owner(marker)),
     )
     .await?;
-    if let Some(marker) = &take.clear {
-        management.clear_owner(marker).await?;
-    }
-    Ok(())
+    Ok(1 + take.clear.len())
 }
 
 /// Every marker, and which of `claims` with none exist: read under the locks, taken at

@@ -1,16 +1,20 @@
 //! The owner markers in the broker (global parameters, see [`crate::topology::ownership`]):
 //! read, shared for a while by the work of a client, written and removed.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use futures::future::{BoxFuture, Shared};
+use futures::future::{BoxFuture, Shared, try_join_all};
 use rabbitmq_http_client::requests::GlobalRuntimeParameterDefinition;
 
 use super::Management;
 use crate::topology::error::TopologyError;
-use crate::topology::ownership::{Claim, GlobalParameter, Markers, Owner};
+use crate::topology::ownership::{
+    Claim, GlobalParameter, Markers, Owner, marked_claims, owner_value, pipeline_marker,
+    pipeline_marker_value,
+};
 
 /// Markers read once and shared by the work of a client for a while (see
 /// [`Management::shared_markers`]).
@@ -24,6 +28,15 @@ pub(in crate::topology) struct SharedMarkers {
     /// The latest read for batches of claims, and when it started
     /// ([`Management::markers_read_after`]).
     locked: Option<(Instant, LockedRead)>,
+}
+
+/// What becomes of the claims a pipeline gives up ([`Management::give_up`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GiveUp {
+    /// No marker names them any more: they are gone, or never were made.
+    Release,
+    /// Marked as retained: a later pipeline of the same name may take them over.
+    Retain,
 }
 
 /// A read of every marker that the batches of claims of several vhosts may share.
@@ -140,12 +153,42 @@ impl Management {
             .read = None;
     }
 
-    /// Writes `marker` naming `owner`.
+    /// Writes `marker` naming `owner` (a claim marker, or a 0.1 release's topology
+    /// marker in tests).
     pub async fn set_owner(&self, marker: &str, owner: &Owner) -> Result<(), TopologyError> {
-        let value = match serde_json::to_value(owner) {
-            Ok(serde_json::Value::Object(map)) => map,
-            _ => serde_json::Map::new(),
-        };
+        self.put_marker(marker, owner_value(owner)).await?;
+        self.markers_changed(|markers| markers.insert(marker.to_string(), owner.clone()));
+        Ok(())
+    }
+
+    /// Writes the claim marker of `claim` naming `owner`.
+    pub async fn set_owner_of(&self, claim: &Claim, owner: &Owner) -> Result<(), TopologyError> {
+        self.set_owner(&claim.marker(), owner).await
+    }
+
+    /// Writes the marker of `owner`'s pipeline as holding `claims`, or removes it when
+    /// they are none.
+    pub async fn set_pipeline_claims(
+        &self,
+        owner: &Owner,
+        claims: &BTreeSet<Claim>,
+    ) -> Result<(), TopologyError> {
+        let marker = pipeline_marker(&owner.uid);
+        if claims.is_empty() {
+            self.clear_owner(&marker).await?;
+            return Ok(());
+        }
+        self.put_marker(&marker, pipeline_marker_value(owner, claims))
+            .await?;
+        self.markers_changed(|markers| markers.set_pipeline(owner, claims.clone()));
+        Ok(())
+    }
+
+    async fn put_marker(
+        &self,
+        marker: &str,
+        value: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<(), TopologyError> {
         let parameter = GlobalRuntimeParameterDefinition {
             name: marker,
             value,
@@ -155,14 +198,63 @@ impl Management {
             .map_err(|e| {
                 self.markers_unknown();
                 self.error(&format!("write global parameter {marker:?}"), e)
-            })?;
-        self.markers_changed(|markers| markers.insert(marker.to_string(), owner.clone()));
-        Ok(())
+            })
     }
 
-    /// Writes the marker of `claim` naming `owner`.
-    pub async fn set_owner_of(&self, claim: &Claim, owner: &Owner) -> Result<(), TopologyError> {
-        self.set_owner(&claim.marker(), owner).await
+    /// What the marker of the pipeline of `uid` lists, read now by name (empty when
+    /// there is none).
+    async fn pipeline_claims(&self, uid: &str) -> Result<BTreeSet<Claim>, TopologyError> {
+        let marker = pipeline_marker(uid);
+        let read: Option<GlobalParameter> = self
+            .get_json(
+                &["global-parameters", &marker],
+                &format!("read global parameter {marker:?}"),
+            )
+            .await?;
+        Ok(read
+            .map(|parameter| marked_claims(&parameter.name, &parameter.value))
+            .unwrap_or_default()
+            .into_iter()
+            .collect())
+    }
+
+    /// Gives up `claims`, held by `me`: no marker names them as `me`'s any more
+    /// ([`GiveUp::Release`]), or they are marked as retained for a later pipeline of its
+    /// name ([`GiveUp::Retain`]). The retained markers are written before the
+    /// pipeline's marker stops listing them, so they are `me`'s all along.
+    pub async fn give_up(
+        &self,
+        me: &Owner,
+        claims: &[&Claim],
+        how: GiveUp,
+    ) -> Result<(), TopologyError> {
+        if claims.is_empty() {
+            return Ok(());
+        }
+        if how == GiveUp::Retain {
+            let retained = me.retaining();
+            try_join_all(
+                claims
+                    .iter()
+                    .map(|claim| self.set_owner_of(claim, &retained)),
+            )
+            .await?;
+        }
+        let listed = self.pipeline_claims(&me.uid).await?;
+        let kept: BTreeSet<Claim> = listed
+            .iter()
+            .filter(|claim| !claims.contains(claim))
+            .cloned()
+            .collect();
+        if kept.len() != listed.len() {
+            self.set_pipeline_claims(me, &kept).await?;
+        }
+        if how == GiveUp::Release {
+            // Claim markers of its own from before pipeline markers: removed where there.
+            let markers: Vec<String> = claims.iter().map(|claim| claim.marker()).collect();
+            try_join_all(markers.iter().map(|marker| self.clear_owner(marker))).await?;
+        }
+        Ok(())
     }
 
     /// Removes `marker`; `false` when it was not there.

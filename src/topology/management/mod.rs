@@ -318,10 +318,7 @@ impl Management {
         segments: &[&str],
         query: &[(&str, &str)],
     ) -> Result<(u16, reqwest::Result<bytes::Bytes>), TopologyError> {
-        let mut url = self.endpoint.api.clone();
-        if let Ok(mut path) = url.path_segments_mut() {
-            path.extend(segments);
-        }
+        let mut url = self.endpoint.url_of(segments);
         if !query.is_empty() {
             url.query_pairs_mut().extend_pairs(query);
         }
@@ -375,10 +372,7 @@ impl Management {
         body: &serde_json::Value,
         action: &str,
     ) -> Result<u16, TopologyError> {
-        let mut url = self.endpoint.api.clone();
-        if let Ok(mut path) = url.path_segments_mut() {
-            path.extend(segments);
-        }
+        let url = self.endpoint.url_of(segments);
         let status = self
             .bounded_write(async {
                 let response = self

@@ -1,21 +1,23 @@
-//! Who owns what in a broker: a marker per claimed object, kept in the broker itself as a
-//! global runtime parameter (`/api/global-parameters`), so every operator that shares the
-//! broker sees it, whatever cluster it runs in, and no tenant can write it (global
-//! parameters take the administrator tag).
+//! Who owns what in a broker: markers kept in the broker itself as global runtime
+//! parameters (`/api/global-parameters`), so every operator that shares the broker sees
+//! them, whatever cluster it runs in, and no tenant can write them (global parameters
+//! take the administrator tag).
 //!
 //! A pipeline claims each exchange and queue of its topology and the workers' user the
 //! operator makes for it ([`Claim`]); its policies and bindings are those of its queues
-//! and exchanges, so they need no claim of their own. A marker's value names the
-//! pipeline: the operator's cluster name, the pipeline's namespace, name and UID
-//! ([`Owner`]). RabbitMQ keeps global parameters in its schema database, so they survive
-//! restarts and are part of a definitions export. What a pipeline holds is the set of
-//! markers naming its UID ([`Markers::held_by`]): nothing a tenant can write says it.
+//! and exchanges, so they need no claim of their own. A pipeline's marker
+//! ([`pipeline_marker`]) names the pipeline (the operator's cluster name, the pipeline's
+//! namespace, name and UID: [`Owner`]) and lists what it holds; what it leaves behind is
+//! marked claim by claim, as retained ([`Claim::marker`], the format of every marker
+//! before one marker per pipeline, still read). RabbitMQ keeps global parameters in its
+//! schema database, so they survive restarts and are part of a definitions export. What
+//! a pipeline holds is what the markers name its UID as owning ([`Markers::held_by`]):
+//! nothing a tenant can write says it.
 //!
 //! Claims are taken under a lock per claimed name ([`super::claim_lock`]), so two
 //! claims racing for one name (two pipelines, two controllers, two clusters) end with
 //! exactly one owner.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
@@ -109,17 +111,20 @@ fn unpart(text: &str) -> Option<String> {
 }
 
 impl Claim {
-    /// The name of the global parameter that marks this claim, e.g.
-    /// `mailer-owner|queue|shop|mail.send` or `mailer-owner|user|mailer-worker.default.prod.shop`.
+    /// The name of the global parameter that marks this claim alone (a claim marker),
+    /// e.g. `mailer-owner|queue|shop|mail.send` or
+    /// `mailer-owner|user|mailer-worker.default.prod.shop`.
     pub fn marker(&self) -> String {
+        format!("{MARKER_PREFIX}{}", self.id())
+    }
+
+    /// How a pipeline marker lists this claim: its claim marker's name without the
+    /// prefix, e.g. `queue|shop|mail.send`.
+    pub fn id(&self) -> String {
         match self {
-            Self::Exchange { vhost, name } => {
-                format!("{MARKER_PREFIX}exchange|{}|{}", part(vhost), part(name))
-            }
-            Self::Queue { vhost, name } => {
-                format!("{MARKER_PREFIX}queue|{}|{}", part(vhost), part(name))
-            }
-            Self::User { name } => format!("{MARKER_PREFIX}user|{}", part(name)),
+            Self::Exchange { vhost, name } => format!("exchange|{}|{}", part(vhost), part(name)),
+            Self::Queue { vhost, name } => format!("queue|{}|{}", part(vhost), part(name)),
+            Self::User { name } => format!("user|{}", part(name)),
         }
     }
 
@@ -204,77 +209,10 @@ pub fn legacy_topology_marker(vhost: &str, queue: &str) -> String {
     format!("{MARKER_PREFIX}topology|{vhost}|{queue}")
 }
 
-/// Every marker of a broker, by name.
-#[derive(Debug, Clone, Default)]
-pub struct Markers {
-    owners: BTreeMap<String, Owner>,
-}
+mod markers;
 
-impl Markers {
-    /// Who `claim`'s marker names, if anyone.
-    pub fn owner(&self, claim: &Claim) -> Option<&Owner> {
-        self.owners.get(&claim.marker())
-    }
-
-    /// Who the marker named `marker` names, if anyone.
-    pub fn owner_of_marker(&self, marker: &str) -> Option<&Owner> {
-        self.owners.get(marker)
-    }
-
-    /// Every claim whose marker names the pipeline of `uid` and that it has not left
-    /// behind ([`Owner::retained`]).
-    pub fn held_by(&self, uid: &str) -> BTreeSet<Claim> {
-        self.owners
-            .iter()
-            .filter(|(_, owner)| owner.uid == uid && !owner.retained)
-            .filter_map(|(marker, _)| Claim::of_marker(marker))
-            .collect()
-    }
-
-    /// Counts `marker` as naming `owner`: what a batch of claims has just taken, for the
-    /// claims decided after it in the same batch.
-    pub(in crate::topology) fn insert(&mut self, marker: String, owner: Owner) {
-        self.owners.insert(marker, owner);
-    }
-
-    /// No longer counts `marker`: it was removed through this client.
-    pub(in crate::topology) fn remove(&mut self, marker: &str) {
-        self.owners.remove(marker);
-    }
-
-    /// Markers as read from a list of global parameters: those whose name starts with
-    /// [`MARKER_PREFIX`]. A marker whose value does not read as an owner (written by
-    /// hand) names an owner no pipeline is.
-    pub(in crate::topology) fn from_parameters(parameters: Vec<GlobalParameter>) -> Self {
-        let owners = parameters
-            .into_iter()
-            .filter(|p| p.name.starts_with(MARKER_PREFIX))
-            .map(|p| {
-                let owner = read_owner(&p.name, p.value);
-                (p.name, owner)
-            })
-            .collect();
-        Self { owners }
-    }
-}
-
-/// A global parameter as the management API lists it.
-#[derive(Deserialize)]
-pub(in crate::topology) struct GlobalParameter {
-    name: String,
-    #[serde(default)]
-    value: serde_json::Value,
-}
-
-fn read_owner(marker: &str, value: serde_json::Value) -> Owner {
-    serde_json::from_value(value).unwrap_or_else(|_| Owner {
-        cluster: "?".into(),
-        namespace: "?".into(),
-        name: format!("(global parameter {marker:?}, written by someone else)"),
-        uid: "?".into(),
-        retained: false,
-    })
-}
+pub(in crate::topology) use markers::{GlobalParameter, owner_value, pipeline_marker_value};
+pub use markers::{Markers, marked_claims, pipeline_marker};
 
 #[cfg(test)]
 mod tests {
@@ -390,49 +328,6 @@ mod tests {
             name: "mail.send.dead".into(),
         };
         assert!(!is_former_tier("shop", &two, &dead));
-    }
-
-    #[test]
-    fn what_a_pipeline_holds_is_what_names_its_uid() {
-        let parameters = vec![
-            GlobalParameter {
-                name: "mailer-owner|queue|shop|mail.send".into(),
-                value: serde_json::to_value(owner("1")).unwrap(),
-            },
-            GlobalParameter {
-                name: "mailer-owner|queue|shop|other".into(),
-                value: serde_json::to_value(owner("2")).unwrap(),
-            },
-            GlobalParameter {
-                name: "mailer-owner|user|u".into(),
-                value: serde_json::to_value(owner("1").retaining()).unwrap(),
-            },
-            GlobalParameter {
-                name: "mailer-owner|queue|shop|by-hand".into(),
-                value: serde_json::json!("mine"),
-            },
-            GlobalParameter {
-                name: "cluster_name".into(),
-                value: serde_json::json!("rabbit@host"),
-            },
-        ];
-        let markers = Markers::from_parameters(parameters);
-        let held: Vec<String> = markers.held_by("1").iter().map(|c| c.marker()).collect();
-        // The user it retained is no longer held.
-        assert_eq!(held, ["mailer-owner|queue|shop|mail.send"]);
-        let by_hand = Claim::Queue {
-            vhost: "shop".into(),
-            name: "by-hand".into(),
-        };
-        assert!(
-            markers
-                .owner(&by_hand)
-                .unwrap()
-                .name
-                .contains("written by someone else"),
-            "a marker that is no owner is someone else's"
-        );
-        assert!(markers.owner_of_marker("cluster_name").is_none());
     }
 
     #[test]
