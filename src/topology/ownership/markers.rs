@@ -218,15 +218,7 @@ fn read_owner(marker: &str, value: serde_json::Value) -> Owner {
 mod tests {
     use super::*;
 
-    fn owner(uid: &str) -> Owner {
-        Owner {
-            cluster: "eu".into(),
-            namespace: "prod".into(),
-            name: "shop".into(),
-            uid: uid.into(),
-            retained: false,
-        }
-    }
+    use crate::topology::ownership::fixture_owner as owner;
 
     #[test]
     fn what_a_pipeline_holds_is_what_names_its_uid() {

@@ -211,6 +211,18 @@ pub fn legacy_topology_marker(vhost: &str, queue: &str) -> String {
 
 mod markers;
 
+/// An owner for tests: pipeline `prod/shop` of cluster `eu`, of UID `uid`.
+#[cfg(test)]
+fn fixture_owner(uid: &str) -> Owner {
+    Owner {
+        cluster: "eu".into(),
+        namespace: "prod".into(),
+        name: "shop".into(),
+        uid: uid.into(),
+        retained: false,
+    }
+}
+
 pub(in crate::topology) use markers::{GlobalParameter, owner_value, pipeline_marker_value};
 pub use markers::{Markers, marked_claims, pipeline_marker};
 
@@ -220,15 +232,7 @@ mod tests {
     use crate::spec::TopologySpec;
     use crate::topology::BrokerCapabilities;
 
-    fn owner(uid: &str) -> Owner {
-        Owner {
-            cluster: "eu".into(),
-            namespace: "prod".into(),
-            name: "shop".into(),
-            uid: uid.into(),
-            retained: false,
-        }
-    }
+    use super::fixture_owner as owner;
 
     #[test]
     fn markers_name_what_they_mark_and_read_back() {
