@@ -84,7 +84,7 @@ bench:
 	strip --strip-all -o target/release/mailer-stripped target/release/mailer
 	MAILER_BENCH_BROKER=$(BENCH_BROKER) MAILER_BENCH_CONTROLLER_BIN=target/release/mailer-stripped \
 	  cargo bench --bench controller
-	for n in 200:5 1000:1; do \
+	for n in 200:5 1000:3; do \
 	  MAILER_BENCH_BROKER=$(BENCH_BROKER) MAILER_BENCH_CONTROLLER_BIN=target/release/mailer-stripped \
 	    MAILER_BENCH_VHOSTS=1 MAILER_BENCH_PIPELINES=$${n%:*} MAILER_BENCH_ROUNDS=$${n#*:} MAILER_BENCH_COMMAND=1 \
 	    MAILER_BENCH_FIRST_PASS_ONLY=1 MAILER_BENCH_FIRST_PASS_LIMIT=900 \
