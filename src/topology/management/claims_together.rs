@@ -10,8 +10,8 @@
 //! workers' user's per user), every marker is read in one request and what exists in
 //! two, each claim is decided in turn on what was read and what the claims before it in
 //! the batch took ([`crate::topology::claims::decide`]), and the marker of each pipeline
-//! that may go ahead is written, one per pipeline. Each reconcile learns the outcome of its own claims: one
-//! refused does not refuse the others.
+//! that may go ahead is written, one per pipeline. Each reconcile learns the outcome of
+//! its own claims: one refused does not refuse the others.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
