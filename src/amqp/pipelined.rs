@@ -22,9 +22,9 @@
 //!   whose key it carries. Only then does a publish learn its outcome.
 //! - Every confirm is polled only under its lane's lock, its own publish's too. A
 //!   `Shared` future that one thread is polling reads as pending to another, so a scan
-//!   racing the owner's poll of a confirm lapin had completed missed it, and with it the
-//!   returned message it carried: that publish was taken for routed, and the request it
-//!   parked acked and lost (`make faults`, once in about 30 runs under load).
+//!   racing the owner's poll of a completed confirm would miss it, and the returned
+//!   message it carried: another publish would be taken for routed, and the request it
+//!   parked acked and lost.
 //! - A publish given up before its confirm completed (its deadline passed, or its task was
 //!   dropped) leaves a confirm that lapin still completes later, and that confirm may take
 //!   another publish's returned message with it, unseen. So giving one up makes its lane

@@ -184,13 +184,18 @@ fn age(pipeline: &MailerPipeline) -> (Option<Time>, Option<String>) {
     (pipeline.creation_timestamp(), pipeline.uid())
 }
 
-/// Whether `other` could refuse `pipeline`'s claims in [`check_collisions`]: older, not
-/// being deleted, and wanting a name `pipeline` wants on the same broker.
-pub fn is_older_rival(pipeline: &MailerPipeline, other: &MailerPipeline) -> bool {
-    other.uid() != pipeline.uid()
+/// The first name `other` would refuse `pipeline` in [`check_collisions`], if it is a
+/// rival: older, not being deleted, and wanting that name on the same broker.
+fn rival_claim(pipeline: &MailerPipeline, other: &MailerPipeline) -> Option<Claim> {
+    let rival = other.uid() != pipeline.uid()
         && other.metadata.deletion_timestamp.is_none()
-        && age(other) < age(pipeline)
-        && shared_claim(pipeline, other).is_some()
+        && age(other) < age(pipeline);
+    rival.then(|| shared_claim(pipeline, other)).flatten()
+}
+
+/// Whether `other` could refuse `pipeline`'s claims in [`check_collisions`].
+pub fn is_older_rival(pipeline: &MailerPipeline, other: &MailerPipeline) -> bool {
+    rival_claim(pipeline, other).is_some()
 }
 
 /// Fails when an older pipeline among `known` wants one of the names `pipeline` wants on
@@ -203,8 +208,7 @@ pub fn check_collisions(
 ) -> Result<(), Error> {
     let older = known
         .iter()
-        .filter(|other| is_older_rival(pipeline, other))
-        .filter_map(|other| shared_claim(pipeline, other).map(|claim| (other, claim)))
+        .filter_map(|other| rival_claim(pipeline, other).map(|claim| (other, claim)))
         .min_by_key(|(other, _)| age(other));
     match older {
         Some((other, claim)) => Err(Error::Collision {
