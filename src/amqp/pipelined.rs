@@ -20,6 +20,13 @@
 //!   takes that lock, so afterwards every confirm completed so far is visible. Then every
 //!   confirm in flight on the lane is looked at, and each returned message marks the publish
 //!   whose key it carries. Only then does a publish learn its outcome.
+//! - lapin numbers a publish (the delivery tag its confirm waits for) and then queues its
+//!   frames, two steps under two locks of its own in the first poll of `basic_publish`.
+//!   Two publishes handed to it at once from two threads can go out in the other order
+//!   than they were numbered, and the broker's confirm of each then completes the other's:
+//!   an unroutable publish confirmed before its `basic.return` arrived would be taken for
+//!   routed. So a lane's publishes are handed to lapin one at a time (every poll of
+//!   `basic_publish` under the lane's numbering lock), and go out in the order numbered.
 //! - Every confirm is polled only under its lane's lock, its own publish's too. A
 //!   `Shared` future that one thread is polling reads as pending to another, so a scan
 //!   racing the owner's poll of a completed confirm would miss it, and the returned
@@ -171,6 +178,9 @@ impl LaneState {
 /// One confirming channel and the publishes in flight on it.
 struct Lane {
     channel: Channel,
+    /// Held while a publish is handed to lapin, so that the lane's publishes go out in the
+    /// order lapin numbered them (see the module's doc).
+    handing: Mutex<()>,
     state: Mutex<LaneState>,
     /// Signalled when an entry gets its confirm or leaves.
     changed: Notify,
@@ -179,6 +189,10 @@ struct Lane {
 impl Lane {
     fn lock(&self) -> MutexGuard<'_, LaneState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn numbering(&self) -> MutexGuard<'_, ()> {
+        self.handing.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -212,6 +226,7 @@ impl PipelinedPublisher {
                 .into_iter()
                 .map(|channel| Lane {
                     channel,
+                    handing: Mutex::new(()),
                     state: Mutex::new(LaneState::default()),
                     changed: Notify::new(),
                 })
@@ -234,9 +249,15 @@ impl PipelinedPublisher {
         let key = Key::new(exchange, routing_key, published_id.as_deref(), body);
         let publishing = async {
             let slot = self.reserve(exchange, key).await?;
-            let confirm =
-                publish_mandatory(&slot.lane.channel, exchange, routing_key, properties, body)
-                    .await?;
+            let handing =
+                publish_mandatory(&slot.lane.channel, exchange, routing_key, properties, body);
+            let mut handing = std::pin::pin!(handing);
+            // Polled under the lane's numbering lock: see the module's doc on why.
+            let confirm = std::future::poll_fn(|cx| {
+                let _numbering = slot.lane.numbering();
+                handing.as_mut().poll(cx)
+            })
+            .await?;
             let mut confirm = async move { Confirmed::of(confirm.await) }.boxed().shared();
             {
                 let mut state = slot.lane.lock();

@@ -106,3 +106,88 @@ async fn each_of_many_publishes_in_flight_on_one_channel_learns_its_own_outcome(
         "every publish told it was routed is in the queue, and no other"
     );
 }
+
+/// lapin numbers a publish (its delivery tag) and queues its frames in two steps, so two
+/// publishes handed to it at once from two threads could go out in the other order than
+/// they were numbered: the broker's confirm of one then completes the other's, and an
+/// unroutable park that is confirmed before its return arrives would be taken for routed.
+/// Here many tasks on a multi-threaded runtime publish at once, with bodies large enough
+/// that copying them into frames widens the gap between the two steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn publishes_handed_to_lapin_from_several_threads_at_once_each_learn_their_own_outcome() {
+    let vhost = TestVhost::created("pipelined-threads").await;
+    let connection = vhost.connect().await;
+    let setup = connection.create_channel().await.expect("channel");
+    for exchange in [ROUTED, UNBOUND] {
+        setup
+            .exchange_declare(
+                exchange.into(),
+                ExchangeKind::Direct,
+                ExchangeDeclareOptions::default(),
+                no_args(),
+            )
+            .await
+            .expect("declare an exchange");
+    }
+    setup
+        .queue_declare(QUEUE.into(), QueueDeclareOptions::default(), no_args())
+        .await
+        .expect("declare the queue");
+    setup
+        .queue_bind(
+            QUEUE.into(),
+            ROUTED.into(),
+            KEY.into(),
+            QueueBindOptions::default(),
+            no_args(),
+        )
+        .await
+        .expect("bind the queue");
+    let publisher = PipelinedPublisher::new(vec![confirming_channel(&connection).await]);
+
+    let mut routed = 0;
+    let mut wrong = Vec::new();
+    for wave in 0..40 {
+        let tasks: Vec<_> = (0..32)
+            .map(|i| {
+                // Mostly unroutable: a return confirmed for another publish is what loses.
+                let exchange = if i % 4 == 0 { ROUTED } else { UNBOUND };
+                let id = format!("request-{wave}-{i}");
+                let mut body = vec![b'x'; 48 * 1024 + i * 97];
+                body[..id.len()].copy_from_slice(id.as_bytes());
+                let properties = BasicProperties::default().with_message_id(id.as_str().into());
+                let publisher = publisher.clone();
+                tokio::spawn(async move {
+                    let outcome = publisher
+                        .publish(exchange, KEY, properties, &body, Duration::from_secs(10))
+                        .await;
+                    (id, exchange, outcome)
+                })
+            })
+            .collect();
+        for task in join_all(tasks).await {
+            match task.expect("the publish task") {
+                (_, ROUTED, Ok(())) => routed += 1,
+                (_, UNBOUND, Err(PublishError::Unroutable { .. })) => {}
+                (id, exchange, outcome) => wrong.push(format!("{id} to {exchange}: {outcome:?}")),
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of 1280 publishes learned another's outcome: {wrong:#?}",
+        wrong.len()
+    );
+    let declared = setup
+        .queue_declare(
+            QUEUE.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            no_args(),
+        )
+        .await
+        .expect("count the queue");
+    assert_eq!(declared.message_count() as usize, routed);
+}
