@@ -471,3 +471,54 @@ fn a_body_is_checked_when_read_and_decoded_again_when_rendered() {
         "the request is not a mail request: text: a lone UTF-16 surrogate in a \\u escape"
     );
 }
+
+/// The plain-address path must read every string it takes exactly as lettre's mailbox
+/// parser does: the same mailbox, or an error both ways. Strings are drawn from
+/// characters around the edges (dots, `@`, atext symbols, a space, a quote, non-ASCII).
+#[test]
+fn a_plain_address_reads_as_the_mailbox_parser_reads_it() {
+    let alphabet: Vec<char> = "ab.@@-_+!#'=?`{|}~Z9 \"<é.".chars().collect();
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |bound: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % bound as u64) as usize
+    };
+    let mut plain = 0;
+    let mut fixed = vec![
+        "a@example.com",
+        "first.last+tag@sub.example.org",
+        "a..b@example.com",
+        ".a@example.com",
+        "a.@example.com",
+        "a@example..com",
+        "a@.example.com",
+        "a@example.com.",
+        "@example.com",
+        "a@",
+        "a@b@c",
+        "x@localhost",
+    ]
+    .into_iter()
+    .map(str::to_string)
+    .collect::<Vec<_>>();
+    fixed.push(format!("{}@example.com", "u".repeat(65)));
+    fixed.push(format!("a@{}.com", "d".repeat(64)));
+    let drawn = (0..50_000).map(|_| {
+        let len = 1 + next(14);
+        (0..len)
+            .map(|_| alphabet[next(alphabet.len())])
+            .collect::<String>()
+    });
+    for value in fixed.into_iter().chain(drawn) {
+        if !is_plain_address(&value) {
+            continue;
+        }
+        plain += 1;
+        let fast = parse_mailbox(&value).ok();
+        let parsed = value.parse::<Mailbox>().ok();
+        assert_eq!(fast, parsed, "{value:?}");
+    }
+    assert!(plain > 1_000, "only {plain} plain addresses drawn");
+}
