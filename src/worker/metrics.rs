@@ -27,6 +27,16 @@ pub enum OutcomeLabel {
 }
 
 impl OutcomeLabel {
+    pub const ALL: [Self; 7] = [
+        Self::Sent,
+        Self::Parked,
+        Self::DeadLettered,
+        Self::PublishFailed,
+        Self::AckFailed,
+        Self::Panicked,
+        Self::Abandoned,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Sent => "sent",
@@ -131,6 +141,16 @@ impl WorkerMetrics {
                 outcome: outcome.as_str(),
             })
             .inc();
+    }
+
+    /// The deliveries settled with `outcome` so far, as `/metrics` would count them
+    /// (read without encoding every metric, as a caller that polls it wants).
+    pub fn settled_count(&self, outcome: OutcomeLabel) -> u64 {
+        self.deliveries
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.as_str(),
+            })
+            .get()
     }
 
     pub fn dead_lettered(&self, reason: DeadReason) {
