@@ -94,7 +94,10 @@ struct InFlight {
 
 impl InFlight {
     fn spawn(&mut self, work: impl Future<Output = Result<(), SettleError>> + Send + 'static) {
-        let handle = self.tasks.spawn(work);
+        // A delivery's future is kilobytes (8 KiB in a debug build), and a task keeps it
+        // inline, copying it whole when spawned and again as its output is taken: boxed,
+        // it is built once and the task holds a pointer.
+        let handle = self.tasks.spawn(Box::pin(work));
         self.started.insert(handle.id(), Instant::now());
     }
 
