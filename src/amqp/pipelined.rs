@@ -180,7 +180,7 @@ struct Lane {
     channel: Channel,
     /// Held while a publish is handed to lapin, so that the lane's publishes go out in the
     /// order lapin numbered them (see the module's doc).
-    handing: Mutex<()>,
+    numbering: Mutex<()>,
     state: Mutex<LaneState>,
     /// Signalled when an entry gets its confirm or leaves.
     changed: Notify,
@@ -192,7 +192,9 @@ impl Lane {
     }
 
     fn numbering(&self) -> MutexGuard<'_, ()> {
-        self.handing.lock().unwrap_or_else(PoisonError::into_inner)
+        self.numbering
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -226,7 +228,7 @@ impl PipelinedPublisher {
                 .into_iter()
                 .map(|channel| Lane {
                     channel,
-                    handing: Mutex::new(()),
+                    numbering: Mutex::new(()),
                     state: Mutex::new(LaneState::default()),
                     changed: Notify::new(),
                 })
