@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
+use lapin::{BasicProperties, Connection, ExchangeKind};
 use mailer::amqp::{PipelinedPublisher, PublishError};
 
-use mailer_testkit::broker::{TestVhost, confirming_channel, no_args};
+use mailer_testkit::broker::{TestVhost, confirming_channel, live_count, no_args};
 
 const ROUTED: &str = "routed";
 const UNBOUND: &str = "unbound";
@@ -19,7 +19,7 @@ const KEY: &str = "mail.send";
 #[tokio::test]
 async fn each_of_many_publishes_in_flight_on_one_channel_learns_its_own_outcome() {
     let vhost = TestVhost::created("pipelined").await;
-    let (connection, setup) = routed_and_unbound(&vhost).await;
+    let connection = routed_and_unbound(&vhost).await;
     let publisher = PipelinedPublisher::new(vec![
         confirming_channel(&connection).await,
         confirming_channel(&connection).await,
@@ -63,7 +63,7 @@ async fn each_of_many_publishes_in_flight_on_one_channel_learns_its_own_outcome(
             }
         }
     }
-    let parked = depth(&setup).await;
+    let parked = live_count(&connection, QUEUE).await.expect("the queue") as usize;
     assert_eq!(
         parked, routed,
         "every publish told it was routed is in the queue, and no other"
@@ -79,13 +79,14 @@ async fn each_of_many_publishes_in_flight_on_one_channel_learns_its_own_outcome(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn publishes_handed_to_lapin_from_several_threads_at_once_each_learn_their_own_outcome() {
     let vhost = TestVhost::created("pipelined-threads").await;
-    let (connection, setup) = routed_and_unbound(&vhost).await;
+    let connection = routed_and_unbound(&vhost).await;
     let publisher = PipelinedPublisher::new(vec![confirming_channel(&connection).await]);
 
     let mut routed = 0;
     let mut wrong = Vec::new();
-    for wave in 0..40 {
-        let tasks: Vec<_> = (0..32)
+    let (waves, per_wave) = (40, 32);
+    for wave in 0..waves {
+        let tasks: Vec<_> = (0..per_wave)
             .map(|i| {
                 // Mostly unroutable: a return confirmed for another publish is what loses.
                 let exchange = if i % 4 == 0 { ROUTED } else { UNBOUND };
@@ -112,19 +113,20 @@ async fn publishes_handed_to_lapin_from_several_threads_at_once_each_learn_their
     }
     assert!(
         wrong.is_empty(),
-        "{} of 1280 publishes learned another's outcome: {wrong:#?}",
-        wrong.len()
+        "{} of {} publishes learned another's outcome: {wrong:#?}",
+        wrong.len(),
+        waves * per_wave
     );
-    let parked = depth(&setup).await;
+    let parked = live_count(&connection, QUEUE).await.expect("the queue") as usize;
     assert_eq!(
         parked, routed,
         "every publish told it was routed is in the queue"
     );
 }
 
-/// `ROUTED` bound to `QUEUE` and `UNBOUND` bound to nothing, in `vhost`: the connection,
-/// and a channel to look at the queue with.
-async fn routed_and_unbound(vhost: &TestVhost) -> (Connection, Channel) {
+/// `ROUTED` bound to `QUEUE` and `UNBOUND` bound to nothing, in `vhost`; the connection
+/// they were declared on.
+async fn routed_and_unbound(vhost: &TestVhost) -> Connection {
     let connection = vhost.connect().await;
     let setup = connection.create_channel().await.expect("channel");
     for exchange in [ROUTED, UNBOUND] {
@@ -152,21 +154,5 @@ async fn routed_and_unbound(vhost: &TestVhost) -> (Connection, Channel) {
         )
         .await
         .expect("bind the queue");
-    (connection, setup)
-}
-
-/// How many messages `QUEUE` holds.
-async fn depth(setup: &Channel) -> usize {
-    setup
-        .queue_declare(
-            QUEUE.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            no_args(),
-        )
-        .await
-        .expect("count the queue")
-        .message_count() as usize
+    connection
 }
