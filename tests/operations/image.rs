@@ -71,6 +71,40 @@ impl WorkingContainer {
         run.arg(&self.0).arg("--").args(command);
         run
     }
+
+    /// Runs `command` in the container to its end, as [`Self::command`] does, and runs it
+    /// again if buildah failed to start it (see [`buildah_could_not_start`]).
+    fn output(&self, env: &[(&str, &str)], command: &[&str]) -> Output {
+        let mut attempt = 1;
+        loop {
+            let output = self
+                .command(env, None, command)
+                .output()
+                .expect("buildah run");
+            if output.status.success()
+                || !buildah_could_not_start(&String::from_utf8_lossy(&output.stderr))
+                || attempt == START_ATTEMPTS
+            {
+                return output;
+            }
+            eprintln!("buildah could not start {command:?} (attempt {attempt}), running it again");
+            attempt += 1;
+        }
+    }
+}
+
+/// How many times a test asks buildah to start one command in the container.
+const START_ATTEMPTS: usize = 3;
+
+/// Whether `stderr` says buildah failed before the command in the container started.
+///
+/// With chroot isolation, buildah re-executes itself in new namespaces through
+/// containers/storage's unshare code, which copies buildah's binary into a memfd and seals
+/// it. The kernel refuses the seal (`EBUSY`) while another reference to one of the copy's
+/// pages is still held, which happened once in CI. Nothing inside the container ran then,
+/// so running the command again cannot send a mail twice; any other failure is reported.
+fn buildah_could_not_start(stderr: &str) -> bool {
+    stderr.contains("sealing memfd copy: Device or resource busy")
 }
 
 impl Drop for WorkingContainer {
@@ -146,10 +180,7 @@ async fn the_image_runs_as_65532_and_its_worker_delivers_a_mail_from_the_real_br
     );
 
     let container = WorkingContainer::of(&image);
-    let version = container
-        .command(&[], None, &["/usr/local/bin/mailer", "--version"])
-        .output()
-        .expect("buildah run");
+    let version = container.output(&[], &["/usr/local/bin/mailer", "--version"]);
     assert!(version.status.success(), "{}", output_text(&version));
     assert_eq!(
         String::from_utf8_lossy(&version.stdout).trim(),
@@ -173,27 +204,23 @@ async fn the_image_runs_as_65532_and_its_worker_delivers_a_mail_from_the_real_br
     .await
     .expect("topology");
     let amqp_url = vhost.amqp_url();
-    let sent = container
-        .command(
-            &[("MAIL_AMQP_URL", &amqp_url)],
-            None,
-            &[
-                "/usr/local/bin/mailer",
-                "send",
-                "--message-id",
-                "from-the-image",
-                "--from",
-                "Shop <noreply@shop.example>",
-                "--to",
-                "alice@example.com",
-                "--subject",
-                "Hi",
-                "--text",
-                "Sent and delivered inside the image.",
-            ],
-        )
-        .output()
-        .expect("buildah run");
+    let sent = container.output(
+        &[("MAIL_AMQP_URL", &amqp_url)],
+        &[
+            "/usr/local/bin/mailer",
+            "send",
+            "--message-id",
+            "from-the-image",
+            "--from",
+            "Shop <noreply@shop.example>",
+            "--to",
+            "alice@example.com",
+            "--subject",
+            "Hi",
+            "--text",
+            "Sent and delivered inside the image.",
+        ],
+    );
     assert!(sent.status.success(), "{}", output_text(&sent));
 
     let outbox = tempdir(&format!("mailer-image-outbox-{id}"));
@@ -201,21 +228,25 @@ async fn the_image_runs_as_65532_and_its_worker_delivers_a_mail_from_the_real_br
     std::fs::set_permissions(&outbox, std::os::unix::fs::PermissionsExt::from_mode(0o777))
         .expect("chmod");
     let volume = format!("{}:/outbox", outbox.display());
-    let worker = container
-        .command(
-            &[
-                ("MAIL_AMQP_URL", &amqp_url),
-                ("MAIL_PROVIDER_URL", "file:///outbox"),
-                ("MAIL_HTTP_ADDR", "127.0.0.1:0"),
-            ],
-            Some(&volume),
-            &["/usr/local/bin/mailer", "worker"],
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("buildah run the worker");
-    let mut worker = Running(worker);
+    let start_worker = || {
+        let worker = container
+            .command(
+                &[
+                    ("MAIL_AMQP_URL", &amqp_url),
+                    ("MAIL_PROVIDER_URL", "file:///outbox"),
+                    ("MAIL_HTTP_ADDR", "127.0.0.1:0"),
+                ],
+                Some(&volume),
+                &["/usr/local/bin/mailer", "worker"],
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("buildah run the worker");
+        Running(worker)
+    };
+    let mut worker = start_worker();
+    let mut worker_starts = 1;
 
     let deadline = Instant::now() + Duration::from_secs(60);
     let delivered = loop {
@@ -227,6 +258,14 @@ async fn the_image_runs_as_65532_and_its_worker_delivers_a_mail_from_the_real_br
             let mut log = String::new();
             if let Some(mut stderr) = worker.0.stderr.take() {
                 std::io::Read::read_to_string(&mut stderr, &mut log).ok();
+            }
+            if buildah_could_not_start(&log) && worker_starts < START_ATTEMPTS {
+                eprintln!(
+                    "buildah could not start the worker (attempt {worker_starts}), starting it again"
+                );
+                worker = start_worker();
+                worker_starts += 1;
+                continue;
             }
             panic!("the worker in the image exited ({status}) before delivering:\n{log}");
         }
