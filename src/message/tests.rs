@@ -522,3 +522,64 @@ fn a_plain_address_reads_as_the_mailbox_parser_reads_it() {
     }
     assert!(plain > 1_000, "only {plain} plain addresses drawn");
 }
+
+#[test]
+fn a_plain_name_and_address_reads_as_the_mailbox_parser_reads_it() {
+    // Mostly what the fast path takes, with the characters around its edges mixed in.
+    let name_chars: Vec<char> = "abcZ9-_+!'~   .\"()<>,@é".chars().collect();
+    let address_chars: Vec<char> = "abcZ9-_+.'~ <>@é".chars().collect();
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = |bound: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % bound as u64) as usize
+    };
+    let fixed = [
+        "Shop <noreply@shop.example>",
+        "Shop Team <noreply@shop.example>",
+        "Shop  Team <a@b.example>",
+        " Shop <a@b.example>",
+        "Shop <a@b.example> ",
+        "Shop<a@b.example>",
+        "Shop <a@b.example>>",
+        "Shop <<a@b.example>",
+        "Shop. <a@b.example>",
+        "Shop <a..b@example.com>",
+        "\"Shop\" <a@b.example>",
+        "Shop (us) <a@b.example>",
+        " <a@b.example>",
+        "<a@b.example>",
+        "Shop <>",
+        "=?utf-8?q?Shop?= <a@b.example>",
+        "=?utf-8?b?U2hvcA==?= <a@b.example>",
+    ]
+    .map(str::to_string);
+    let drawn = (0..50_000).map(|_| {
+        let name: String = (0..1 + next(10))
+            .map(|_| name_chars[next(name_chars.len())])
+            .collect();
+        let mut draw_address = |example: bool| -> String {
+            if example {
+                return "example.com".to_string();
+            }
+            (0..1 + next(6))
+                .map(|_| address_chars[next(address_chars.len())])
+                .collect()
+        };
+        let user = draw_address(false);
+        let domain = draw_address(user.len() % 2 == 0);
+        format!("{name} <{user}@{domain}>")
+    });
+    let mut taken = 0;
+    for value in fixed.into_iter().chain(drawn) {
+        if plain_name_addr(&value).is_none() {
+            continue;
+        }
+        taken += 1;
+        let fast = parse_mailbox(&value).ok();
+        let parsed = value.parse::<Mailbox>().ok();
+        assert_eq!(fast, parsed, "{value:?}");
+    }
+    assert!(taken > 500, "only {taken} plain names and addresses drawn");
+}
