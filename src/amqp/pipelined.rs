@@ -17,9 +17,11 @@
 //!   once a publish's own confirm has completed, its return (if any) is attached to a
 //!   confirm that has completed too.
 //! - lapin completes every tag of one ack under one lock; polling `wait_for_confirms` once
-//!   takes that lock, so afterwards every confirm completed so far is visible. Then every
-//!   confirm in flight on the lane is looked at, and each returned message marks the publish
-//!   whose key it carries. Only then does a publish learn its outcome.
+//!   takes that lock, so afterwards every confirm completed so far is visible. Then the
+//!   confirm of every publish on the lane that was reserved before its own completed is
+//!   looked at (a later one was handed to lapin after it, so cannot carry its return), and
+//!   each returned message marks the publish whose key it carries. Only then does a
+//!   publish learn its outcome. A publish leaving the lane first takes in its own confirm.
 //! - lapin numbers a publish (the delivery tag its confirm waits for) and then queues its
 //!   frames, two steps under two locks of its own in the first poll of `basic_publish`.
 //!   Two publishes handed to it at once from two threads can go out in the other order
@@ -28,7 +30,7 @@
 //!   routed. So a lane's publishes are handed to lapin one at a time (every poll of
 //!   `basic_publish` under the lane's numbering lock), and go out in the order numbered.
 //! - Every confirm is polled only under its lane's lock, its own publish's too. A
-//!   `Shared` future that one thread is polling reads as pending to another, so a scan
+//!   `Shared` future that one thread is polling reads as pending to another, so a look
 //!   racing the owner's poll of a completed confirm would miss it, and the returned
 //!   message it carried: another publish would be taken for routed, and the request it
 //!   parked acked and lost.
@@ -42,6 +44,7 @@
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -133,45 +136,59 @@ struct LaneState {
 }
 
 impl LaneState {
-    /// The publish `id` leaves the lane, first taking in every confirm completed so far
+    /// The publish `id` leaves the lane, first taking in its own confirm if it completed
     /// (a returned message it carried is not lost); one that leaves before its own
     /// confirm completed makes the lane untrusted.
     fn leave(&mut self, id: u64) {
-        self.scan();
-        if self
-            .entries
-            .iter()
-            .any(|e| e.id == id && e.completed.is_none())
-        {
+        let Some(index) = self.entries.iter().position(|e| e.id == id) else {
+            return;
+        };
+        self.take_in(index);
+        if self.entries[index].completed.is_none() {
             self.untrusted = true;
         }
-        self.entries.retain(|e| e.id != id);
+        self.entries.remove(index);
     }
 
-    /// Takes in every confirm completed so far and marks whom each returned message was for.
-    fn scan(&mut self) {
-        for i in 0..self.entries.len() {
-            if self.entries[i].completed.is_some() {
-                continue;
-            }
-            let Some(confirm) = self.entries[i].confirm.clone() else {
-                continue;
-            };
-            let Some(completed) = confirm.now_or_never() else {
-                continue;
-            };
-            if let Confirmed::Done {
-                returned: Some(key),
-                ..
-            } = &completed
-            {
-                match self.entries.iter().position(|e| e.key == *key) {
-                    Some(owner) => self.entries[owner].returned = true,
-                    None => self.entries[i].stray = Some(key.clone()),
-                }
-            }
-            self.entries[i].completed = Some(completed);
+    /// Takes in every confirm of a publish numbered before `horizon` that completed so
+    /// far, and marks whom each returned message was for. A confirm registered later
+    /// cannot carry the return of one that completed before `horizon` was taken, and is
+    /// taken in by its own publish.
+    fn take_in_before(&mut self, horizon: u64) {
+        // The entries are in the order they were numbered.
+        let before = self.entries.partition_point(|e| e.id < horizon);
+        for index in 0..before {
+            self.take_in(index);
         }
+    }
+
+    /// Takes in the confirm of the entry at `index` if it completed, marking whom a
+    /// returned message it carried was for.
+    fn take_in(&mut self, index: usize) {
+        let entry = &mut self.entries[index];
+        if entry.completed.is_some() {
+            return;
+        }
+        let Some(confirm) = entry.confirm.as_mut() else {
+            return;
+        };
+        // Polled in place: lapin's completion wakes the publish's own task through the
+        // shared future, whichever clone is polled here.
+        let mut context = Context::from_waker(Waker::noop());
+        let Poll::Ready(completed) = confirm.poll_unpin(&mut context) else {
+            return;
+        };
+        if let Confirmed::Done {
+            returned: Some(key),
+            ..
+        } = &completed
+        {
+            match self.entries.iter().position(|e| e.key == *key) {
+                Some(owner) => self.entries[owner].returned = true,
+                None => self.entries[index].stray = Some(key.clone()),
+            }
+        }
+        self.entries[index].completed = Some(completed);
     }
 }
 
@@ -268,7 +285,7 @@ impl PipelinedPublisher {
                 }
             }
             slot.lane.changed.notify_waiters();
-            // Polled under the lane's lock, as every scan polls the others' (see the
+            // Polled under the lane's lock, as the others' publishes poll it (see the
             // module's doc on why).
             std::future::poll_fn(|cx| {
                 let _polling = slot.lane.lock();
@@ -348,7 +365,7 @@ impl PipelinedPublisher {
                     .iter()
                     .all(|e| e.id >= horizon || e.confirm.is_some());
                 if handed {
-                    state.scan();
+                    state.take_in_before(horizon);
                     let entry = state.entries.iter().find(|e| e.id == slot.id);
                     if let Some(entry) = entry
                         && let Some(completed) = &entry.completed
@@ -423,7 +440,7 @@ mod tests {
             ack: true,
             returned: None,
         }));
-        state.scan();
+        state.take_in_before(u64::MAX);
         let [first, second] = &state.entries[..] else {
             panic!("two entries");
         };
@@ -446,13 +463,44 @@ mod tests {
             ack: true,
             returned: Some(other),
         }));
-        state.scan();
+        state.take_in_before(u64::MAX);
         let e = &state.entries[0];
         let v = verdict(e, e.completed.as_ref().unwrap(), "x", Some("a"));
         assert!(
             matches!(v, Err(PublishError::ReturnMismatch { .. })),
             "{v:?}"
         );
+    }
+
+    #[test]
+    fn only_confirms_numbered_before_the_horizon_are_taken_in() {
+        let keys: Vec<Key> = (0..3)
+            .map(|i| Key::new("e", "k", Some(&i.to_string()), b"body"))
+            .collect();
+        let mut state = LaneState::default();
+        for (id, key) in keys.iter().enumerate() {
+            state.entries.push(entry(id as u64, key.clone()));
+            state.entries[id].confirm = Some(completed(Confirmed::Done {
+                ack: true,
+                returned: None,
+            }));
+        }
+        // The first confirm carries the second publish's return.
+        state.entries[0].confirm = Some(completed(Confirmed::Done {
+            ack: true,
+            returned: Some(keys[1].clone()),
+        }));
+        state.take_in_before(2);
+        let taken: Vec<bool> = state
+            .entries
+            .iter()
+            .map(|e| e.completed.is_some())
+            .collect();
+        assert_eq!(taken, [true, true, false]);
+        assert!(state.entries[1].returned);
+        // The third is taken in when it leaves.
+        state.leave(2);
+        assert!(!state.untrusted);
     }
 
     #[test]
