@@ -58,13 +58,15 @@ use super::publish::{publish_mandatory, within};
 
 /// What identifies a publish among those in flight on a lane: where it went, its message
 /// id and its body (by length and hash; two bodies that collide only share no lane).
+///
+/// The fields are compared in the order declared: those that tell two parks apart first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Key {
+    body_hash: u64,
+    body_len: usize,
+    message_id: Option<String>,
     exchange: String,
     routing_key: String,
-    message_id: Option<String>,
-    body_len: usize,
-    body_hash: u64,
 }
 
 impl Key {
