@@ -46,6 +46,8 @@ use crate::telemetry::Health;
 
 /// How often an idle loop tells [`Health`] it is still turning.
 const HEARTBEAT: Duration = Duration::from_secs(5);
+/// How often the loop checks that its deliveries progress before it beats.
+const PROGRESS_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// The pause before connecting again after a loss (each connect then retries with its
 /// own backoff).
 const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
@@ -126,11 +128,11 @@ impl InFlight {
         self.tasks.is_empty()
     }
 
-    /// Whether every delivery in flight is younger than `bound`.
-    fn progressing(&self, bound: Duration) -> bool {
+    /// Whether every delivery in flight at `now` is younger than `bound`.
+    fn progressing(&self, bound: Duration, now: Instant) -> bool {
         self.started
             .values()
-            .all(|started| started.elapsed() <= bound)
+            .all(|started| now.saturating_duration_since(*started) <= bound)
     }
 
     /// Abandons every delivery in flight and waits until each is dropped.
@@ -267,11 +269,17 @@ impl Worker {
             .longest_delivery(turns, self.max_request_bytes)
             + self.provider.longest_wait(self.prefetch);
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
+        let mut next_progress_check = Instant::now();
         let stop = loop {
+            let now = Instant::now();
             // A delivery older than any it could take means the loop no longer makes
-            // progress: stop beating, and /livez fails.
-            if in_flight.progressing(bound) {
-                health.beat();
+            // progress: stop beating, and /livez fails. Looked at once a second, not at
+            // every turn: the heartbeat counts whole seconds.
+            if now >= next_progress_check {
+                if in_flight.progressing(bound, now) {
+                    health.beat();
+                }
+                next_progress_check = now + PROGRESS_CHECK_EVERY;
             }
             let pause = self.provider.paused();
             let cause = pause.map(|pause| pause.cause);
@@ -291,7 +299,6 @@ impl Worker {
                 holds.refused_signal = self.refused_signal(cause);
                 holds.show(health, metrics);
             }
-            let now = Instant::now();
             let until = pause.map(|pause| pause.until);
             let take = !holds.blocked && probe_due(until, now, in_flight.is_empty());
             let resume = until.filter(|until| *until > now);
@@ -330,7 +337,7 @@ impl Worker {
                     None => break Stop::Failed(WorkerError::ConsumerCancelled { queue: self.queue.clone() }),
                 },
                 // The provider's pause is over: take a delivery to probe it.
-                () = tokio::time::sleep_until(resume.unwrap_or(now).into()), if resume.is_some() => {}
+                () = sleep_until(resume), if resume.is_some() => {}
                 _ = heartbeat.tick() => {}
             }
         };
@@ -463,6 +470,15 @@ async fn close_all(connections: &[&Connection], timeout: Duration) {
     }
 }
 
+/// Sleeps until `until`, or forever without one. Built only when polled, so a loop turn
+/// without a pause to wait out creates no timer.
+async fn sleep_until(until: Option<Instant>) {
+    match until {
+        Some(until) => tokio::time::sleep_until(until.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -525,17 +541,16 @@ mod tests {
             tasks: JoinSet::new(),
             started: HashMap::new(),
         };
+        let bound = Duration::from_secs(1);
         assert!(
-            in_flight.progressing(Duration::from_secs(1)),
+            in_flight.progressing(bound, Instant::now()),
             "none in flight"
         );
         in_flight.spawn(std::future::pending());
-        assert!(in_flight.progressing(Duration::from_secs(1)));
-        for started in in_flight.started.values_mut() {
-            *started -= Duration::from_secs(2);
-        }
-        assert!(!in_flight.progressing(Duration::from_secs(1)));
+        let now = Instant::now();
+        assert!(in_flight.progressing(bound, now));
+        assert!(!in_flight.progressing(bound, now + Duration::from_secs(2)));
         assert_eq!(in_flight.abandon().await, 1);
-        assert!(in_flight.progressing(Duration::from_secs(1)));
+        assert!(in_flight.progressing(bound, now + Duration::from_secs(2)));
     }
 }
