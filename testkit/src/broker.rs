@@ -328,14 +328,20 @@ pub async fn get_within(
 /// statistics), or `None` when it does not exist.
 pub async fn live_count(connection: &Connection, queue: &str) -> Option<u32> {
     let channel = connection.create_channel().await.expect("channel");
+    message_count(&channel, queue).await.ok()
+}
+
+/// Messages in `queue` this instant, through a passive declare on `channel` (which the
+/// broker closes when the queue does not exist).
+pub async fn message_count(channel: &Channel, queue: &str) -> Result<u32, lapin::Error> {
     let options = QueueDeclareOptions {
         passive: true,
         ..Default::default()
     };
     let declared = channel
         .queue_declare(queue.into(), options, FieldTable::default())
-        .await;
-    declared.ok().map(|queue| queue.message_count())
+        .await?;
+    Ok(declared.message_count())
 }
 
 pub fn no_args() -> FieldTable {

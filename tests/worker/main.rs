@@ -14,10 +14,12 @@ use std::collections::BTreeSet;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use lapin::options::{BasicAckOptions, QueueDeclareOptions};
+use lapin::options::BasicAckOptions;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel};
-use mailer_testkit::broker::{TestVhost, confirming_channel, get_within, publish, text};
+use mailer_testkit::broker::{
+    TestVhost, confirming_channel, get_within, message_count, publish, text,
+};
 use mailer_testkit::process::exit_within;
 use mailer_testkit::smtp::{SmtpServer, closed_port};
 use serde_json::json;
@@ -113,15 +115,9 @@ async fn dead_letters(channel: &Channel, n: usize, within: Duration) -> Vec<Dead
 
 /// Messages ready in `queue` this instant (a passive declare, not the lagging statistics).
 async fn ready(channel: &Channel, queue: &str) -> u32 {
-    let options = QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    channel
-        .queue_declare(queue.into(), options, FieldTable::default())
+    message_count(channel, queue)
         .await
         .expect("passive declare")
-        .message_count()
 }
 
 /// The Message-IDs of the mails the SMTP server stored.
