@@ -93,7 +93,8 @@ pub async fn run_worker(
 /// `mailer_worker_deliveries_total` by outcome, those counted so far.
 fn settled(metrics: &WorkerMetrics) -> BTreeMap<&'static str, u64> {
     OutcomeLabel::ALL
-        .into_iter()
+        .iter()
+        .copied()
         .map(|outcome| (outcome.as_str(), metrics.settled_count(outcome)))
         .filter(|(_, count)| *count > 0)
         .collect()

@@ -9,45 +9,43 @@ use prometheus_client::registry::Registry;
 
 use crate::mail::DeadReason;
 
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
-pub enum OutcomeLabel {
-    Sent,
-    Parked,
-    DeadLettered,
-    /// The park or dead-letter publish failed; the delivery goes back to the broker.
-    /// Not the design's "failed for now", which is `parked`.
-    PublishFailed,
-    /// Acknowledging it failed (its channel is gone); the broker redelivers it.
-    AckFailed,
-    /// Processing it panicked; it was rejected with requeue.
-    Panicked,
-    /// The broker connection was lost while it was in flight: its send was abandoned and
-    /// the broker redelivers it.
-    Abandoned,
+/// Defines [`OutcomeLabel`], its label values and [`OutcomeLabel::ALL`] from one list, so
+/// that no variant can be missing from `ALL`.
+macro_rules! outcome_labels {
+    ($($(#[$doc:meta])* $variant:ident => $value:literal,)*) => {
+        /// How a delivery was settled: the `outcome` label of `mailer_worker_deliveries_total`.
+        #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+        pub enum OutcomeLabel {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl OutcomeLabel {
+            /// Every outcome, in the order declared.
+            pub const ALL: &'static [Self] = &[$(Self::$variant,)*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $value,)*
+                }
+            }
+        }
+    };
 }
 
-impl OutcomeLabel {
-    pub const ALL: [Self; 7] = [
-        Self::Sent,
-        Self::Parked,
-        Self::DeadLettered,
-        Self::PublishFailed,
-        Self::AckFailed,
-        Self::Panicked,
-        Self::Abandoned,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Sent => "sent",
-            Self::Parked => "parked",
-            Self::DeadLettered => "dead_lettered",
-            Self::PublishFailed => "publish_failed",
-            Self::AckFailed => "ack_failed",
-            Self::Panicked => "panicked",
-            Self::Abandoned => "abandoned",
-        }
-    }
+outcome_labels! {
+    Sent => "sent",
+    Parked => "parked",
+    DeadLettered => "dead_lettered",
+    /// The park or dead-letter publish failed; the delivery goes back to the broker.
+    /// Not the design's "failed for now", which is `parked`.
+    PublishFailed => "publish_failed",
+    /// Acknowledging it failed (its channel is gone); the broker redelivers it.
+    AckFailed => "ack_failed",
+    /// Processing it panicked; it was rejected with requeue.
+    Panicked => "panicked",
+    /// The broker connection was lost while it was in flight: its send was abandoned and
+    /// the broker redelivers it.
+    Abandoned => "abandoned",
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
