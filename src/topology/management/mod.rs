@@ -10,6 +10,7 @@
 mod batches;
 pub mod claims_together;
 mod connections;
+mod counting;
 mod endpoint;
 mod errors;
 pub mod markers;
@@ -17,6 +18,7 @@ pub mod observe;
 pub mod snapshot;
 pub mod together;
 
+pub use counting::{Requests, counted};
 pub use endpoint::ManagementEndpoint;
 
 use std::collections::HashMap;
@@ -47,37 +49,6 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// more at once only makes each slower (and starves the broker's message traffic); 8
 /// keeps a broker on two cores busy without queueing work inside it.
 pub const MAX_IN_FLIGHT: usize = 8;
-
-/// The requests one piece of work made to the management API, counted by [`counted`].
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Requests {
-    pub reads: usize,
-    pub writes: usize,
-}
-
-#[derive(Default)]
-struct Tally {
-    reads: AtomicUsize,
-    writes: AtomicUsize,
-}
-
-tokio::task_local! {
-    /// The tally of the [`counted`] scope the current task is in, if any.
-    static TALLY: Arc<Tally>;
-}
-
-/// Runs `work` and counts the requests it makes to the management API through any
-/// client, shared ones included: what [`Management::writes`] cannot tell once a client
-/// serves several pipelines at once. Work spawned onto other tasks is not counted.
-pub async fn counted<F: Future>(work: F) -> (F::Output, Requests) {
-    let tally = Arc::new(Tally::default());
-    let output = TALLY.scope(tally.clone(), work).await;
-    let requests = Requests {
-        reads: tally.reads.load(Ordering::Relaxed),
-        writes: tally.writes.load(Ordering::Relaxed),
-    };
-    (output, requests)
-}
 
 /// Clients of management APIs, one per endpoint and user, each made at its first use and
 /// kept as long as this is: what [`Management::shared`] keeps for the whole process. Its
@@ -202,13 +173,13 @@ impl Management {
 
     pub(super) fn count_write(&self) {
         self.writes.fetch_add(1, Ordering::Relaxed);
-        let _ = TALLY.try_with(|tally| tally.writes.fetch_add(1, Ordering::Relaxed));
+        counting::tally_writes(1);
     }
 
     /// Counts `writes` made on behalf of the current work by another task (a batch of
     /// policies written together), in the work's [`counted`] tally only.
     pub(super) fn tally_writes(&self, writes: usize) {
-        let _ = TALLY.try_with(|tally| tally.writes.fetch_add(writes, Ordering::Relaxed));
+        counting::tally_writes(writes);
     }
 
     /// Runs a reading request once fewer than [`MAX_IN_FLIGHT`] are under way.
@@ -216,7 +187,7 @@ impl Management {
         // The semaphore is never closed, so acquiring it cannot fail.
         let _permit = self.in_flight.acquire().await.ok();
         self.reads.fetch_add(1, Ordering::Relaxed);
-        let _ = TALLY.try_with(|tally| tally.reads.fetch_add(1, Ordering::Relaxed));
+        counting::tally_read();
         request.await
     }
 
