@@ -23,6 +23,7 @@ use tokio::sync::oneshot;
 
 use super::Management;
 use super::batches::VhostBatches;
+use super::counting::tally_writes;
 use crate::topology::claims::{ClaimAsk, ClaimError, Found, Take, decide};
 use crate::topology::error::TopologyError;
 use crate::topology::ownership::Claim;
@@ -66,7 +67,7 @@ pub async fn claim_together(
         }))
     })?;
     // Written by the batch's task: counted for the work that asked for them.
-    management.tally_writes(writes);
+    tally_writes(writes);
     Ok(())
 }
 

@@ -35,7 +35,9 @@ pub async fn counted<F: Future>(work: F) -> (F::Output, Requests) {
     (output, requests)
 }
 
-/// Counts `writes` in the tally of the [`counted`] scope the current task is in, if any.
+/// Counts `writes` in the tally of the [`counted`] scope the current task is in, if any:
+/// those of its own client, and those made on its behalf by another task (a batch of
+/// policies or claims written together), which no client counts for it.
 pub(super) fn tally_writes(writes: usize) {
     let _ = TALLY.try_with(|tally| tally.writes.fetch_add(writes, Ordering::Relaxed));
 }

@@ -176,12 +176,6 @@ impl Management {
         counting::tally_writes(1);
     }
 
-    /// Counts `writes` made on behalf of the current work by another task (a batch of
-    /// policies written together), in the work's [`counted`] tally only.
-    pub(super) fn tally_writes(&self, writes: usize) {
-        counting::tally_writes(writes);
-    }
-
     /// Runs a reading request once fewer than [`MAX_IN_FLIGHT`] are under way.
     pub(super) async fn read<T>(&self, request: impl Future<Output = T>) -> T {
         // The semaphore is never closed, so acquiring it cannot fail.

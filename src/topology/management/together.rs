@@ -23,6 +23,7 @@ use tokio::sync::oneshot;
 
 use super::Management;
 use super::batches::VhostBatches;
+use super::counting::tally_writes;
 use crate::topology::desired::Policy;
 use crate::topology::diff::Change;
 use crate::topology::error::TopologyError;
@@ -120,7 +121,7 @@ pub async fn put_policies_together(
     };
     if hand_over.is_some_and(|recent| joining.among_others(recent)) {
         // Asked for by this work, written by the batch's task.
-        management.tally_writes(count);
+        tally_writes(count);
         return Ok(joining);
     }
     let written = outcome.await.unwrap_or_else(|_| {
@@ -132,7 +133,7 @@ pub async fn put_policies_together(
     });
     if written.is_ok() {
         // Written by the batch's task: counted for the work that asked for them.
-        management.tally_writes(count);
+        tally_writes(count);
     }
     written.map(|batch| Written { batch, idle_before })
 }
