@@ -157,11 +157,23 @@ impl LaneState {
     /// cannot carry the return of one that completed before `horizon` was taken, and is
     /// taken in by its own publish.
     fn take_in_before(&mut self, horizon: u64) {
-        // The entries are in the order they were numbered.
-        let before = self.entries.partition_point(|e| e.id < horizon);
-        for index in 0..before {
+        for index in 0..self.count_before(horizon) {
             self.take_in(index);
         }
+    }
+
+    /// Whether every publish numbered before `horizon` has been handed to lapin: one still
+    /// being handed may hold a confirm that carries the return of another.
+    fn handed_before(&self, horizon: u64) -> bool {
+        self.entries[..self.count_before(horizon)]
+            .iter()
+            .all(|e| e.confirm.is_some())
+    }
+
+    /// How many publishes in flight were numbered before `horizon`: the entries are in
+    /// the order they were numbered.
+    fn count_before(&self, horizon: u64) -> usize {
+        self.entries.partition_point(|e| e.id < horizon)
     }
 
     /// Takes in the confirm of the entry at `index` if it completed, marking whom a
@@ -174,7 +186,7 @@ impl LaneState {
         let Some(confirm) = entry.confirm.as_mut() else {
             return;
         };
-        // Polled in place: lapin's completion wakes the publish's own task through the
+        // Polled in place: lapin's completion wakes whoever awaits the publish through the
         // shared future, whichever clone is polled here.
         let mut context = Context::from_waker(Waker::noop());
         let Poll::Ready(completed) = confirm.poll_unpin(&mut context) else {
@@ -361,12 +373,7 @@ impl PipelinedPublisher {
                         exchange: exchange.to_string(),
                     });
                 }
-                // One still being handed to lapin may hold a confirm that carries ours.
-                let handed = state
-                    .entries
-                    .iter()
-                    .all(|e| e.id >= horizon || e.confirm.is_some());
-                if handed {
+                if state.handed_before(horizon) {
                     state.take_in_before(horizon);
                     let entry = state.entries.iter().find(|e| e.id == slot.id);
                     if let Some(entry) = entry
