@@ -73,7 +73,7 @@ impl WorkingContainer {
     }
 
     /// Runs `command` in the container to its end, as [`Self::command`] does, and runs it
-    /// again if buildah failed to start it (see [`buildah_could_not_start`]).
+    /// again if buildah failed to start it ([`start_again`]).
     fn output(&self, env: &[(&str, &str)], command: &[&str]) -> Output {
         let mut attempt = 1;
         loop {
@@ -82,8 +82,7 @@ impl WorkingContainer {
                 .output()
                 .expect("buildah run");
             if output.status.success()
-                || !buildah_could_not_start(&String::from_utf8_lossy(&output.stderr))
-                || attempt == START_ATTEMPTS
+                || !start_again(&String::from_utf8_lossy(&output.stderr), attempt)
             {
                 return output;
             }
@@ -95,6 +94,12 @@ impl WorkingContainer {
 
 /// How many times a test asks buildah to start one command in the container.
 const START_ATTEMPTS: usize = 3;
+
+/// Whether a command that failed with `stderr` on its `attempt`th start (from 1) is
+/// started again: only when buildah could not start it, up to [`START_ATTEMPTS`] times.
+fn start_again(stderr: &str, attempt: usize) -> bool {
+    buildah_could_not_start(stderr) && attempt < START_ATTEMPTS
+}
 
 /// Whether `stderr` says buildah failed before the command in the container started.
 ///
@@ -259,7 +264,7 @@ async fn the_image_runs_as_65532_and_its_worker_delivers_a_mail_from_the_real_br
             if let Some(mut stderr) = worker.0.stderr.take() {
                 std::io::Read::read_to_string(&mut stderr, &mut log).ok();
             }
-            if buildah_could_not_start(&log) && worker_starts < START_ATTEMPTS {
+            if start_again(&log, worker_starts) {
                 eprintln!(
                     "buildah could not start the worker (attempt {worker_starts}), starting it again"
                 );
