@@ -1,5 +1,6 @@
-//! The consume loop: up to `prefetch` deliveries processed at once, each acked only once
-//! its outcome is settled ([`super::delivery`]).
+//! The consume loop: up to `prefetch` deliveries processed at once ([`super::in_flight`]:
+//! small ones in the loop's own task, large ones on tasks of their own), each acked only
+//! once its outcome is settled ([`super::delivery`]).
 //!
 //! How it stops:
 //! - SIGTERM: no new delivery; those in flight are finished within the shutdown timeout.
@@ -23,19 +24,18 @@
 //! it is taken the loop takes deliveries as usual again. While the key is refused the
 //! worker also tells the operator so, through the broker ([`super::signal`]).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use lapin::Connection;
 use lapin::options::BasicCancelOptions;
-use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
 use super::config::{RetryTiers, Timeouts, send_turns};
-use super::delivery::{SettleError, Shared, handle};
+use super::delivery::{Shared, handle};
 use super::error::WorkerError;
+use super::in_flight::InFlight;
 use super::links::{self, Events, LinkEvent, Links, Plan};
 use super::metrics::{OutcomeLabel, WorkerMetrics};
 use super::park::Publisher;
@@ -86,63 +86,6 @@ enum Stop {
     Asked,
     ConsumeLost(lapin::Error),
     Failed(WorkerError),
-}
-
-/// The deliveries being processed, and when each started.
-struct InFlight {
-    tasks: JoinSet<Result<(), SettleError>>,
-    started: HashMap<tokio::task::Id, Instant>,
-}
-
-impl InFlight {
-    fn spawn(&mut self, work: impl Future<Output = Result<(), SettleError>> + Send + 'static) {
-        // A delivery's future is kilobytes (8 KiB in a debug build), and a task keeps it
-        // inline, copying it whole when spawned and again as its output is taken: boxed,
-        // it is built once and the task holds a pointer.
-        let handle = self.tasks.spawn(Box::pin(work));
-        self.started.insert(handle.id(), Instant::now());
-    }
-
-    /// The next finished delivery's failure, if it had one; `None` when none is in flight.
-    async fn next(&mut self) -> Option<Option<SettleError>> {
-        let done = self.tasks.join_next_with_id().await?;
-        Some(match done {
-            Ok((id, Ok(()))) => {
-                self.started.remove(&id);
-                None
-            }
-            Ok((id, Err(e))) => {
-                self.started.remove(&id);
-                Some(e)
-            }
-            Err(e) => {
-                self.started.remove(&e.id());
-                // A task is only aborted when the worker stops; a panic is caught inside.
-                warn!(error = %e, "a delivery's task ended abnormally");
-                None
-            }
-        })
-    }
-
-    fn is_empty(&self) -> bool {
-        self.tasks.is_empty()
-    }
-
-    /// Whether every delivery in flight at `now` is younger than `bound`.
-    fn progressing(&self, bound: Duration, now: Instant) -> bool {
-        self.started
-            .values()
-            .all(|started| now.saturating_duration_since(*started) <= bound)
-    }
-
-    /// Abandons every delivery in flight and waits until each is dropped.
-    async fn abandon(&mut self) -> usize {
-        let abandoned = self.tasks.len();
-        self.tasks.abort_all();
-        while self.tasks.join_next().await.is_some() {}
-        self.started.clear();
-        abandoned
-    }
 }
 
 impl Worker {
@@ -259,10 +202,7 @@ impl Worker {
         };
         holds.show(health, metrics);
 
-        let mut in_flight = InFlight {
-            tasks: JoinSet::new(),
-            started: HashMap::new(),
-        };
+        let mut in_flight = InFlight::new();
         let turns = send_turns(self.prefetch, self.provider.concurrency());
         let bound = self
             .timeouts
@@ -332,7 +272,9 @@ impl Worker {
                     }
                 }
                 next = consumer.next(), if take => match next {
-                    Some(Ok(delivery)) => in_flight.spawn(handle(delivery, shared.clone())),
+                    Some(Ok(delivery)) => {
+                        in_flight.start(delivery.data.len(), handle(delivery, shared.clone()));
+                    }
                     Some(Err(e)) => break Stop::ConsumeLost(e),
                     None => break Stop::Failed(WorkerError::ConsumerCancelled { queue: self.queue.clone() }),
                 },
@@ -533,24 +475,5 @@ mod tests {
         holds.provider_paused = None;
         holds.show(&health, &metrics);
         assert!(health.is_ready());
-    }
-
-    #[tokio::test]
-    async fn a_delivery_in_flight_longer_than_the_bound_is_no_progress() {
-        let mut in_flight = InFlight {
-            tasks: JoinSet::new(),
-            started: HashMap::new(),
-        };
-        let bound = Duration::from_secs(1);
-        assert!(
-            in_flight.progressing(bound, Instant::now()),
-            "none in flight"
-        );
-        in_flight.spawn(std::future::pending());
-        let now = Instant::now();
-        assert!(in_flight.progressing(bound, now));
-        assert!(!in_flight.progressing(bound, now + Duration::from_secs(2)));
-        assert_eq!(in_flight.abandon().await, 1);
-        assert!(in_flight.progressing(bound, now + Duration::from_secs(2)));
     }
 }

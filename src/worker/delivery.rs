@@ -24,7 +24,7 @@ use crate::amqp::PublishError;
 use crate::message::{read_request, size, unique_id};
 use crate::provider::Provider;
 
-/// State shared by every delivery's task.
+/// State shared by every delivery in flight.
 pub struct Shared {
     pub provider: Arc<dyn Provider>,
     pub publisher: Publisher,

@@ -6,6 +6,7 @@ pub mod config;
 pub mod consume;
 pub mod delivery;
 pub mod error;
+mod in_flight;
 pub mod links;
 pub mod metrics;
 pub mod outcome;
